@@ -1,0 +1,32 @@
+# Sluice: `make demo` runs the main job, `make test` runs the tests. Both bootstrap .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench-overhead clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/sluice demo
+
+test: install
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
+
+bench-overhead: install
+	$(BIN)/python bench/overhead/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info

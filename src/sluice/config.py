@@ -1,0 +1,300 @@
+"""The policy: the seed's ConfigMap (or its bare `policy.yaml`) plus Sluice's own sections.
+
+Validation is strict (unknown keys are errors) so that a typo in a ConfigMap is caught by
+`sluice check-config` instead of silently running with a default. Field names follow the
+seed's camelCase style; Python code uses the snake_case attribute names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+CLASS_NAMES = {0: "P0", 1: "P1", 2: "P2"}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """'8s', '500ms', '1m', '2h' or a bare number of seconds -> seconds (float)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 8s, 500ms or 1m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"expected a duration such as 8s, 500ms or 1m, got {value!r}")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class DropPolicy(StrEnum):
+    TAIL = "tail"
+    EARLY_DROP_ON_PRESSURE = "early-drop-on-pressure"
+    FAST_REJECT = "fast-reject"
+
+
+class QueuePolicy(_Model):
+    priority: int = Field(ge=0, le=2)
+    name: str = Field(min_length=1)
+    max_queue_size: int = Field(ge=0)
+    timeout: Duration = Field(gt=0)
+    drop_policy: DropPolicy
+
+
+DEFAULT_QUEUES: tuple[QueuePolicy, ...] = (
+    QueuePolicy(priority=0, name="realtime-interactive", max_queue_size=200, timeout=8.0,
+                drop_policy=DropPolicy.TAIL),
+    QueuePolicy(priority=1, name="agent-workflow", max_queue_size=500, timeout=15.0,
+                drop_policy=DropPolicy.EARLY_DROP_ON_PRESSURE),
+    QueuePolicy(priority=2, name="batch-extraction", max_queue_size=1000, timeout=60.0,
+                drop_policy=DropPolicy.FAST_REJECT),
+)
+
+
+def _check_sha256(keys: list[str]) -> list[str]:
+    for k in keys:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", k):
+            raise ValueError("apiKeySha256 entries must be 64 hex digits")
+    return [k.lower() for k in keys]
+
+
+Sha256List = Annotated[list[str], AfterValidator(_check_sha256)]
+
+
+class Tenant(_Model):
+    name: str = Field(min_length=1)
+    api_keys: list[str] = Field(default_factory=list)
+    api_key_sha256: Sha256List = Field(default_factory=list)
+    priority: int = Field(default=1, ge=0, le=2)
+    weight: float = Field(default=1.0, gt=0)
+    tokens_per_minute: int = Field(default=0, ge=0)
+    requests_per_minute: int = Field(default=0, ge=0)
+    max_concurrency: int = Field(default=0, ge=0)
+
+    def key_digests(self) -> list[str]:
+        """All accepted keys as sha256 hex digests (plaintext keys are hashed here)."""
+        plain = [hashlib.sha256(k.encode()).hexdigest() for k in self.api_keys]
+        return plain + list(self.api_key_sha256)
+
+
+class Backend(_Model):
+    name: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
+    # Models served; empty = learn them from the backend's GET /v1/models.
+    models: list[str] = Field(default_factory=list)
+    weight: float = Field(default=1.0, gt=0)
+
+
+class Admin(_Model):
+    api_keys: list[str] = Field(default_factory=list)
+    api_key_sha256: Sha256List = Field(default_factory=list)
+
+    def key_digests(self) -> list[str]:
+        plain = [hashlib.sha256(k.encode()).hexdigest() for k in self.api_keys]
+        return plain + list(self.api_key_sha256)
+
+
+class Fallback(_Model):
+    static: str | None = None
+    backend: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Fallback:
+        if (self.static is None) == (self.backend is None):
+            raise ValueError("a fallback is either {static: TEXT} or {backend: NAME}")
+        return self
+
+
+class Feature(_Model):
+    name: str = Field(min_length=1)
+    core: bool = True
+    fallback: Fallback | None = None
+    # Requests also match a feature by model or tenant when they send no X-Sluice-Feature.
+    models: list[str] = Field(default_factory=list)
+    tenants: list[str] = Field(default_factory=list)
+
+
+class LimiterPolicy(_Model):
+    """Adaptive concurrency per backend (see docs/limiter.md for the algorithms)."""
+
+    algorithm: Literal["sluice", "vegas-seed", "gradient", "fixed"] = "sluice"
+    min_limit: int = Field(default=1, ge=1)
+    max_limit: int = Field(default=256, ge=1)
+    initial_limit: int = Field(default=8, ge=1)
+    # For `fixed`: the cap. For the others: ignored.
+    fixed_limit: int = Field(default=32, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LimiterPolicy:
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ValueError("need minLimit <= initialLimit <= maxLimit")
+        return self
+
+
+class Reserved(_Model):
+    p0: float = Field(default=0.2, ge=0, lt=1)
+
+
+class DispatcherPolicy(_Model):
+    # Share of each backend's limit that only P0 may use.
+    reserved: Reserved = Reserved()
+    # A P1 request waiting longer than this is served as if it were P0 (anti-starvation).
+    aging_after: Duration = 10.0
+
+
+class PressurePolicy(_Model):
+    # fast-reject queues refuse new requests at or above this pressure (0..1).
+    fast_reject_above: float = Field(default=0.8, ge=0, le=1)
+    # early-drop-on-pressure queues start predicting waits at or above this pressure.
+    shed_above: float = Field(default=0.5, ge=0, le=1)
+
+
+class ScraperPolicy(_Model):
+    interval: Duration = Field(default=0.25, gt=0)
+    # Metrics older than this are stale: control falls back to latency only.
+    stale_after: Duration = Field(default=2.0, gt=0)
+
+
+class ServerPolicy(_Model):
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # A client must send its whole request within this time.
+    read_timeout: Duration = Field(default=30.0, gt=0)
+    # Upstream call cap when the client sets no deadline.
+    upstream_timeout: Duration = Field(default=600.0, gt=0)
+    # SIGTERM: stop accepting, let open streams finish for at most this long.
+    shutdown_grace: Duration = Field(default=30.0, ge=0)
+
+
+class RedisPolicy(_Model):
+    url: str
+
+
+class Policy(_Model):
+    queues: tuple[QueuePolicy, ...] = DEFAULT_QUEUES
+    tenants: tuple[Tenant, ...] = ()
+    backends: tuple[Backend, ...] = ()
+    admin: Admin = Admin()
+    features: tuple[Feature, ...] = ()
+    limiter: LimiterPolicy = LimiterPolicy()
+    dispatcher: DispatcherPolicy = DispatcherPolicy()
+    pressure: PressurePolicy = PressurePolicy()
+    scraper: ScraperPolicy = ScraperPolicy()
+    server: ServerPolicy = ServerPolicy()
+    redis: RedisPolicy | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        prios = sorted(q.priority for q in self.queues)
+        if prios != [0, 1, 2]:
+            raise ValueError("queues must define priorities 0, 1 and 2 exactly once each")
+        _unique("tenants", [t.name for t in self.tenants])
+        _unique("backends", [b.name for b in self.backends])
+        _unique("features", [f.name for f in self.features])
+        digests = [d for t in self.tenants for d in t.key_digests()]
+        if len(digests) != len(set(digests)):
+            raise ValueError("an API key is given to more than one tenant")
+        backend_names = {b.name for b in self.backends}
+        for f in self.features:
+            if f.fallback and f.fallback.backend and f.fallback.backend not in backend_names:
+                raise ValueError(
+                    f"feature {f.name!r}: fallback backend {f.fallback.backend!r} is not "
+                    "among the backends"
+                )
+        return self
+
+    def queue(self, priority: int) -> QueuePolicy:
+        return next(q for q in self.queues if q.priority == priority)
+
+
+def _unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"{what}: name {n!r} appears twice")
+        seen.add(n)
+
+
+class ConfigError(Exception):
+    """A policy that cannot be used; `errors` lists 'field.path: reason' lines."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(errors))
+        self.source = source
+        self.errors = errors
+
+
+def _policy_mapping(doc: Any, source: str) -> dict[str, Any]:
+    """Accept a whole Kubernetes ConfigMap (data.policy.yaml) or the bare policy."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(source, ["(top level): expected a mapping"])
+    if doc.get("kind") == "ConfigMap":
+        data = doc.get("data") or {}
+        text = data.get("policy.yaml")
+        if not isinstance(text, str):
+            raise ConfigError(source, ["data.policy.yaml: missing in the ConfigMap"])
+        try:
+            inner = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(source, [f"data.policy.yaml: not valid YAML ({exc})"]) from exc
+        return _policy_mapping(inner, source)
+    return doc
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}")
+    return lines
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"(file): not valid YAML ({exc})"]) from exc
+    mapping = _policy_mapping(doc, source)
+    try:
+        return Policy.model_validate(mapping)
+    except ValidationError as exc:
+        raise ConfigError(source, _format_errors(exc)) from exc
+
+
+def load_policy(path: str | Path) -> Policy:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(p), [f"(file): cannot read ({exc.strerror})"]) from exc
+    return parse_policy(text, str(p))

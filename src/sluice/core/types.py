@@ -1,0 +1,106 @@
+"""Values that cross the line between the core (decisions) and its drivers: the gateway's
+HTTP shell and the discrete-event simulation. Plain frozen dataclasses, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class RejectCode(StrEnum):
+    """Why a request was refused; sent as the `code` of the OpenAI-shaped 429 body."""
+
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    SHED_ON_PRESSURE = "shed_on_pressure"
+    FAST_REJECT = "fast_reject"
+    TENANT_QUOTA = "tenant_quota"
+    # No healthy backend serves the model (answered 503, not 429).
+    NO_BACKEND = "no_backend"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the core knows of a request when it arrives."""
+
+    request_id: str
+    tenant: str
+    priority: int  # 0 = P0 realtime-interactive, 1 = P1 agent-workflow, 2 = P2 batch
+    model: str
+    prompt_tokens: int  # the shell's estimate from the request text
+    max_tokens: int  # what the request may generate at most (policy default when unset)
+    weight: float = 1.0  # the tenant's share within its class
+    # Absolute time (core clock) after which the client will not wait; None = no deadline.
+    client_deadline: float | None = None
+    feature: str | None = None
+    retry_attempt: int = 0  # from X-Sluice-Retry / x-stainless-retry-count
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to `arrive`: queued (wait for an assignment) or rejected at once."""
+
+    queued: bool
+    code: RejectCode | None = None
+    retry_after_s: float = 0.0  # when rejected: the estimated time until there is room
+
+    @staticmethod
+    def ok() -> Admission:
+        return Admission(queued=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A queued request that may now go to `backend`."""
+
+    request_id: str
+    backend: str
+    queued_s: float  # time it spent in the queue
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A queued request the core has dropped (timeout, or its client will not wait)."""
+
+    request_id: str
+    code: RejectCode
+    retry_after_s: float
+    queued_s: float
+
+
+class Outcome(StrEnum):
+    OK = "ok"  # completed (finish_reason stop or length)
+    ERROR = "error"  # backend error or stream cut: counts as a congestion drop
+    TIMEOUT = "timeout"  # upstream deadline hit: counts as a congestion drop
+    CANCELLED = "cancelled"  # the client went away: no latency signal
+    OVERLOADED = "overloaded"  # the backend refused it (503, or vLLM's SSE error event)
+    CLIENT_ERROR = "client_error"  # the backend refused it as invalid (4xx): no signal
+
+
+@dataclass(frozen=True, slots=True)
+class BackendMetrics:
+    """One scrape of a backend's /metrics (vLLM names), as the scraper parsed it.
+    Fields the backend does not export are None."""
+
+    at: float  # core-clock time of the scrape
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+    preemptions_total: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    ttft_p95_s: float | None = None  # over the last scrape window, from histogram deltas
+    tpot_p95_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A latency observation for a backend's limiter."""
+
+    ttft_s: float | None = None  # at the first token
+    tpot_s: float | None = None  # at the end: (e2e - ttft) / (completion_tokens - 1)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    inflight: int = 0  # requests in flight on the backend when the request was sent
+    dropped: bool = False  # error or timeout: a congestion signal
+    extra: dict[str, float] = field(default_factory=dict)

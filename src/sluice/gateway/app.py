@@ -1,0 +1,295 @@
+"""The gateway's HTTP surface: OpenAI-compatible routes in front of the backends.
+
+Per request: authenticate (key -> tenant -> class), read and check the body, ask the core
+Controller for admission, wait for a slot, relay to the chosen backend, report first token
+and completion back to the core. The decisions are the core's; this module only does I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sluice.config import Policy
+from sluice.core.clock import MonotonicClock
+from sluice.core.controller import Controller
+from sluice.core.types import Outcome, Rejection, RequestInfo
+from sluice.gateway.auth import KeyRing
+from sluice.gateway.backend_pool import BackendPool
+from sluice.gateway.dispatch_bridge import DispatchBridge
+from sluice.gateway.errors import error_response, reject_response
+from sluice.gateway.relay import Relay, RelayContext
+from sluice.gateway.request_body import BadRequest, parse_request, upstream_body
+from sluice.gateway.telemetry import Telemetry
+
+log = logging.getLogger("sluice.gateway")
+
+# When a request sets no max_tokens, assume this much output for its cost estimate.
+DEFAULT_MAX_TOKENS = 1024
+_DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout")
+
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+
+
+class Gateway:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.clock = MonotonicClock()
+        self.controller = Controller(policy, self.clock)
+        self.keyring = KeyRing(policy)
+        self.telemetry = Telemetry()
+        self.telemetry.watch_state(self.state)
+        self.bridge = DispatchBridge(self.controller, self.clock)
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}"
+        self.session: aiohttp.ClientSession | None = None
+        self.pool: BackendPool | None = None
+        self.relay: Relay | None = None
+        self.draining = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, _app: web.Application | None = None) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        self.pool = BackendPool(
+            list(self.policy.backends), self.controller, self.session, self.clock,
+            self.policy.scraper, on_change=self.bridge.pump,
+        )
+        self.relay = Relay(self.session, self.telemetry)
+        await self.pool.start()
+
+    async def stop(self, _app: web.Application | None = None) -> None:
+        self.bridge.close()
+        if self.pool is not None:
+            await self.pool.stop()
+        if self.session is not None:
+            await self.session.close()
+
+    def state(self) -> dict[str, Any]:
+        return self.controller.snapshot()
+
+    # --- routes --------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.post("/v1/completions", self.completions),
+            web.get("/v1/models", self.models),
+            web.get("/metrics", self.metrics),
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+        ]
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=False)
+
+    async def models(self, request: web.Request) -> web.Response:
+        if self._tenant(request) is None:
+            return _unauthorized()
+        assert self.pool is not None
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "sluice"}
+            for m in sorted(self.pool.known_models())
+        ]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+                            content_type="application/json")
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.telemetry.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        assert self.pool is not None
+        healthy = [h.name for h in self.pool.backends.values() if h.healthy]
+        ready = bool(healthy) and not self.draining
+        body = {"ready": ready, "healthy_backends": healthy, "draining": self.draining}
+        return web.json_response(body, status=200 if ready else 503)
+
+    # --- the request path ----------------------------------------------------------------
+
+    def _tenant(self, request: web.Request) -> Any:
+        key = KeyRing.bearer(request.headers.get("Authorization"))
+        return self.keyring.tenant_for(key) if key else None
+
+    async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        started = self.clock.now()
+        tenant = self._tenant(request)
+        if tenant is None:
+            return _unauthorized()
+        priority = tenant.priority
+        asked = request.headers.get("X-Priority")
+        if asked is not None:
+            if asked.strip() not in ("0", "1", "2"):
+                return error_response(400, "X-Priority must be 0, 1 or 2", "invalid_priority",
+                                      {"X-Sluice-Priority": str(priority)})
+            if int(asked) < tenant.priority:
+                return error_response(
+                    403, f"this key may ask for priority {tenant.priority} or lower (a higher "
+                    "number), not " + asked.strip(), "priority_not_allowed",
+                    {"X-Sluice-Priority": str(priority)},
+                )
+            priority = int(asked)
+        headers = {"X-Sluice-Priority": str(priority)}
+        if self.draining:
+            return error_response(503, "The gateway is shutting down; retry on another "
+                                  "replica.", "shutting_down", {**headers, "Retry-After": "1"})
+
+        try:
+            raw = await asyncio.wait_for(request.read(), self.policy.server.read_timeout)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(
+                413, f"the body is larger than {self.policy.server.max_body_bytes} bytes",
+                "body_too_large", headers,
+            )
+        except TimeoutError:
+            return error_response(408, "the request body was not received in time",
+                                  "request_timeout", headers)
+        try:
+            parsed = parse_request(raw, chat)
+            timeout_s = _client_timeout(request)
+        except BadRequest as exc:
+            return error_response(400, str(exc), "invalid_request", headers)
+
+        assert self.pool is not None and self.relay is not None
+        if not self.pool.serves(parsed.model):
+            return error_response(404, f"The model `{parsed.model}` does not exist.",
+                                  "model_not_found", headers)
+
+        retry = _retry_attempt(request)
+        if retry:
+            self.telemetry.retries.labels(str(priority), retry[1]).inc()
+        deadline = started + timeout_s if timeout_s is not None else None
+        request_id = f"{self._id_prefix}-{next(self._ids)}"
+        headers["X-Request-Id"] = request_id
+        info = RequestInfo(
+            request_id=request_id,
+            tenant=tenant.name,
+            priority=priority,
+            model=parsed.model,
+            prompt_tokens=parsed.prompt_tokens_est,
+            max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
+            weight=tenant.weight,
+            client_deadline=deadline,
+            feature=request.headers.get("X-Sluice-Feature"),
+            retry_attempt=retry[0] if retry else 0,
+        )
+        queue_name = self.policy.queue(priority).name
+        admission = self.controller.arrive(info)
+        if not admission.queued:
+            assert admission.code is not None
+            self.telemetry.rejections.labels(str(priority), admission.code.value).inc()
+            self.telemetry.outcome(priority, "rejected")
+            return reject_response(admission.code, admission.retry_after_s, queue_name, headers)
+
+        decision = await self.bridge.wait(request_id)
+        headers["X-Sluice-Queue-Ms"] = str(round(decision.queued_s * 1000))
+        self.telemetry.observe_queue_wait(priority, decision.queued_s)
+        if isinstance(decision, Rejection):
+            self.telemetry.rejections.labels(str(priority), decision.code.value).inc()
+            self.telemetry.outcome(priority, "rejected")
+            return reject_response(decision.code, decision.retry_after_s, queue_name, headers)
+
+        backend = self.pool.handle(decision.backend)
+        ctx = RelayContext(
+            request=request,
+            request_id=request_id,
+            priority=priority,
+            backend=backend,
+            path="/v1/chat/completions" if chat else "/v1/completions",
+            body=upstream_body(parsed, raw),
+            stream=parsed.stream,
+            strip_usage=parsed.stream and not parsed.include_usage,
+            headers=headers,
+            started=started,
+            deadline=deadline,
+            default_timeout=self.policy.server.upstream_timeout,
+        )
+        outcome = Outcome.CANCELLED
+        try:
+            result = await self.relay.forward(ctx, on_first_token=self._first_token(ctx))
+            outcome = result.outcome
+            self.controller.on_finish(request_id, outcome, result.prompt_tokens,
+                                      result.completion_tokens)
+            if outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+                self.pool.report(backend, ok=outcome is not Outcome.ERROR or result.responded)
+            self.telemetry.outcome(priority, outcome.value)
+            self.telemetry.observe_latency(priority, self.clock.now() - started)
+            return result.response
+        except BaseException:
+            # The client went away (the handler is cancelled) or something unexpected:
+            # the slot must come back either way.
+            self.controller.cancel(request_id)
+            self.telemetry.outcome(priority, Outcome.CANCELLED.value)
+            raise
+        finally:
+            self.bridge.pump()
+
+    def _first_token(self, ctx: RelayContext) -> Any:
+        def on_first_token() -> None:
+            self.controller.on_first_token(ctx.request_id)
+            self.telemetry.observe_ttft(ctx.priority, self.clock.now() - ctx.started)
+
+        return on_first_token
+
+
+def _unauthorized() -> web.Response:
+    return error_response(
+        401, "Missing or unknown API key: send Authorization: Bearer <key>.", "invalid_api_key"
+    )
+
+
+def _client_timeout(request: web.Request) -> float | None:
+    """The client's own deadline, from X-Request-Timeout or the openai SDK's
+    X-Stainless-Timeout (seconds); the smaller one wins."""
+    found: list[float] = []
+    for name in _DEADLINE_HEADERS:
+        value = request.headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise BadRequest(f"{name} must be a number of seconds") from None
+        if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+            raise BadRequest(f"{name} must be a positive number of seconds")
+        found.append(seconds)
+    return min(found) if found else None
+
+
+def _retry_attempt(request: web.Request) -> tuple[int, str] | None:
+    """Which retry this is, and which client made it: Sluice's SDK sends X-Sluice-Retry,
+    the openai SDK x-stainless-retry-count."""
+    for header, client in (("X-Sluice-Retry", "sluice-sdk"),
+                           ("X-Stainless-Retry-Count", "openai-sdk")):
+        value = request.headers.get(header)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return min(int(value), 1000), client
+    return None
+
+
+def create_app(policy: Policy) -> web.Application:
+    gateway = Gateway(policy)
+    app = web.Application(client_max_size=policy.server.max_body_bytes)
+    app[GATEWAY_KEY] = gateway
+    app.add_routes(gateway.routes())
+    app.on_startup.append(gateway.start)
+    app.on_cleanup.append(gateway.stop)
+    return app
+

@@ -1,0 +1,194 @@
+"""The backends as the gateway sees them: their URLs, the models they serve, whether they
+answer their health check, and their /metrics (scraped and handed to the controller).
+
+All network I/O for backend state lives here; decisions stay in the core."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from sluice.config import Backend, ScraperPolicy
+from sluice.core.clock import Clock
+from sluice.core.controller import Controller
+from sluice.gateway.backend_metrics import MetricsParser
+
+log = logging.getLogger("sluice.backends")
+
+HEALTH_INTERVAL_S = 1.0
+# Failures in a row before a backend is taken out of service.
+UNHEALTHY_AFTER = 2
+MODELS_REFRESH_S = 30.0
+
+
+@dataclass
+class BackendHandle:
+    spec: Backend
+    models: set[str] = field(default_factory=set)
+    healthy: bool = False
+    failures: int = 0
+    metrics_ok: bool = False
+    parser: MetricsParser = field(default_factory=MetricsParser)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def url(self) -> str:
+        return self.spec.url.rstrip("/")
+
+
+class BackendPool:
+    def __init__(
+        self,
+        backends: list[Backend],
+        controller: Controller,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        scraper: ScraperPolicy,
+        on_change: Callable[[], None],
+    ) -> None:
+        self._controller = controller
+        self._session = session
+        self._clock = clock
+        self._scraper = scraper
+        self._on_change = on_change
+        self._tasks: list[asyncio.Task[None]] = []
+        self.backends: dict[str, BackendHandle] = {}
+        self.set_backends(backends)
+
+    def set_backends(self, backends: list[Backend]) -> None:
+        old = self.backends
+        self.backends = {b.name: old.get(b.name) or BackendHandle(b) for b in backends}
+        for b in backends:
+            self.backends[b.name].spec = b
+            if b.models:
+                self.backends[b.name].models = set(b.models)
+        self._controller.set_backends(list(self.backends))
+        for h in self.backends.values():
+            self._controller.set_backend_models(h.name, sorted(h.models))
+            self._controller.set_backend_health(h.name, h.healthy)
+
+    # --- queries -------------------------------------------------------------------------
+
+    def known_models(self) -> set[str]:
+        return {m for h in self.backends.values() for m in h.models}
+
+    def serves(self, model: str) -> bool:
+        """Whether any backend (healthy or not) serves the model; an unknown model is a
+        404, a known model with no healthy backend is a 503."""
+        return any(model in h.models for h in self.backends.values())
+
+    def handle(self, name: str) -> BackendHandle:
+        return self.backends[name]
+
+    # --- background loops ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Probe every backend once (so the gateway starts ready when they are), then keep
+        probing and scraping in the background."""
+        await asyncio.gather(*(self._probe(h) for h in self.backends.values()))
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
+        self._tasks.append(asyncio.create_task(self._scrape_loop(), name="scrape"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    async def _health_loop(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            ticks += 1
+            refresh_models = ticks % int(MODELS_REFRESH_S / HEALTH_INTERVAL_S) == 0
+            await asyncio.gather(
+                *(self._probe(h, refresh_models) for h in list(self.backends.values()))
+            )
+
+    async def _probe(self, h: BackendHandle, refresh_models: bool = False) -> None:
+        ok = await self._get_ok(f"{h.url}/health")
+        if ok and (not h.models or refresh_models) and not h.spec.models:
+            models = await self._fetch_models(h)
+            if models is not None:
+                if models != h.models:
+                    h.models = models
+                    self._controller.set_backend_models(h.name, sorted(models))
+            elif not h.models:
+                ok = False  # serves nothing we can route to yet
+        self.report(h, ok)
+
+    def report(self, h: BackendHandle, ok: bool) -> None:
+        """Health evidence from a probe (or from a failed request: `ok=False`)."""
+        if ok:
+            h.failures = 0
+            if not h.healthy:
+                log.info("backend %s is healthy", h.name)
+                h.healthy = True
+                self._controller.set_backend_health(h.name, True)
+                self._on_change()
+            return
+        h.failures += 1
+        if h.healthy and h.failures >= UNHEALTHY_AFTER:
+            log.warning("backend %s is unhealthy", h.name)
+            h.healthy = False
+            self._controller.set_backend_health(h.name, False)
+            self._on_change()
+
+    async def _get_ok(self, url: str) -> bool:
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                await r.read()
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def _fetch_models(self, h: BackendHandle) -> set[str] | None:
+        try:
+            async with self._session.get(
+                f"{h.url}/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)
+            ) as r:
+                if r.status != 200:
+                    return None
+                body = orjson.loads(await r.read())
+            return {m["id"] for m in body.get("data", []) if isinstance(m.get("id"), str)}
+        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError,
+                AttributeError, KeyError, TypeError):
+            return None
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._scrape(h) for h in list(self.backends.values())))
+            self._on_change()
+            await asyncio.sleep(self._scraper.interval)
+
+    async def _scrape(self, h: BackendHandle) -> None:
+        try:
+            async with self._session.get(
+                f"{h.url}/metrics", timeout=aiohttp.ClientTimeout(total=self._scraper.interval * 4)
+            ) as r:
+                if r.status != 200:
+                    raise aiohttp.ClientError(f"HTTP {r.status}")
+                text = (await r.read()).decode("utf-8", "replace")
+            metrics = h.parser.parse(text, self._clock.now())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            if h.metrics_ok:
+                log.warning("metrics of backend %s unavailable (%s): latency-only control",
+                            h.name, exc)
+            h.metrics_ok = False
+            self._controller.metrics_stale(h.name)
+            return
+        if not h.metrics_ok:
+            log.info("metrics of backend %s available", h.name)
+        h.metrics_ok = True
+        self._controller.on_metrics(h.name, metrics)

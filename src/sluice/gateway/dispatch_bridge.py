@@ -1,0 +1,79 @@
+"""Bridges the core Controller's decisions to the request handlers that wait on them.
+
+A handler that got `Admission(queued=True)` awaits `wait(request_id)`; every event that may
+free a slot calls `pump()`, which asks the controller what may go now and what must be
+dropped, and wakes the matching handlers. A timer wakes the pump when the controller's next
+queue deadline falls due, so timeouts need no polling."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice.core.clock import Clock
+from sluice.core.controller import Controller
+from sluice.core.types import Assignment, Rejection
+
+
+class DispatchBridge:
+    def __init__(self, controller: Controller, clock: Clock) -> None:
+        self._controller = controller
+        self._clock = clock
+        self._waiters: dict[str, asyncio.Future[Assignment | Rejection]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+
+    async def wait(self, request_id: str) -> Assignment | Rejection:
+        """Wait for the request's turn. If the waiting task is cancelled (its client hung
+        up), the request leaves the queue at once."""
+        fut: asyncio.Future[Assignment | Rejection] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = fut
+        self.pump()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._waiters.pop(request_id, None)
+            self._controller.cancel(request_id)
+            self.pump()
+            raise
+
+    def pump(self) -> None:
+        controller = self._controller
+        for rejection in controller.expire():
+            self._resolve(rejection.request_id, rejection)
+        for assignment in controller.dispatch():
+            if not self._resolve(assignment.request_id, assignment):
+                # Its handler is gone: give the slot back.
+                controller.cancel(assignment.request_id)
+        self._arm_timer()
+
+    def _resolve(self, request_id: str, decision: Assignment | Rejection) -> bool:
+        fut = self._waiters.pop(request_id, None)
+        if fut is None or fut.done():
+            return False
+        fut.set_result(decision)
+        return True
+
+    def _arm_timer(self) -> None:
+        wake_at = self._controller.next_wakeup()
+        if wake_at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = wake_at
+        if wake_at is not None:
+            delay = max(0.0, wake_at - self._clock.now())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.pump()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.cancel()
+        self._waiters.clear()

@@ -1,0 +1,238 @@
+"""Relaying one request to its backend and the answer back to the client.
+
+Streams are relayed event by event as they arrive (never buffered whole). A client that
+goes away closes the upstream connection at once, which makes vLLM abort the request and
+free its KV-cache blocks. An upstream failure after streaming began ends the stream with an
+error event the client can see, never a silent cut."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from sluice.core.types import Outcome
+from sluice.gateway.backend_pool import BackendHandle
+from sluice.gateway.errors import error_body, error_response, retry_after_headers
+from sluice.gateway.telemetry import Telemetry
+
+_UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+_EVENT_END = b"\n\n"
+_USAGE_ONLY = b'"choices":[]'
+_ERROR_EVENT = b'data: {"error"'
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class RelayContext:
+    request: web.Request
+    request_id: str
+    priority: int
+    backend: BackendHandle
+    path: str
+    body: bytes
+    stream: bool
+    strip_usage: bool  # the gateway asked for usage; the client did not
+    headers: dict[str, str]
+    started: float  # time.monotonic() at arrival
+    deadline: float | None  # time.monotonic() scale
+    default_timeout: float
+
+
+@dataclass(slots=True)
+class RelayResult:
+    response: web.StreamResponse
+    outcome: Outcome
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    # Whether the backend answered at all (a connect failure did not).
+    responded: bool = True
+
+
+class Relay:
+    def __init__(self, session: aiohttp.ClientSession, telemetry: Telemetry) -> None:
+        self._session = session
+        self._telemetry = telemetry
+
+    async def forward(
+        self, ctx: RelayContext, on_first_token: Callable[[], None]
+    ) -> RelayResult:
+        timeout = ctx.default_timeout
+        if ctx.deadline is not None:
+            timeout = min(timeout, ctx.deadline - time.monotonic())
+        state = _StreamState()
+        url = ctx.backend.url + ctx.path
+        try:
+            async with asyncio.timeout(max(0.001, timeout)):
+                async with self._session.post(url, data=ctx.body,
+                                              headers=_UPSTREAM_HEADERS) as up:
+                    if up.status != 200:
+                        return await self._backend_refused(ctx, up)
+                    if ctx.stream:
+                        return await self._relay_stream(ctx, up, on_first_token, state)
+                    return await self._relay_body(ctx, up)
+        except TimeoutError:
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
+            return await self._fail(ctx, state, 504, "The backend did not answer within the "
+                                    "request's deadline.", "upstream_timeout", Outcome.TIMEOUT)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnect"
+            self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
+            result = await self._fail(ctx, state, 502, f"The backend failed: {exc}",
+                                      "upstream_error", Outcome.ERROR)
+            result.responded = kind != "connect"
+            return result
+        except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError, OSError) as exc:
+            if state.client_gone:
+                raise
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "stream").inc()
+            return await self._fail(ctx, state, 502, f"The backend's answer broke off: {exc}",
+                                    "upstream_error", Outcome.ERROR)
+        except asyncio.CancelledError:
+            # The client hung up: leaving the `async with` closed the upstream connection.
+            self._telemetry.aborts.labels(ctx.backend.name).inc()
+            raise
+
+    async def _relay_body(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+        data = await up.read()
+        usage = _usage_of(data)
+        response = web.Response(
+            body=data, status=200,
+            headers={**ctx.headers, "Content-Type": up.headers.get("Content-Type",
+                                                                   "application/json")},
+        )
+        return RelayResult(response, Outcome.OK, *usage)
+
+    async def _relay_stream(
+        self,
+        ctx: RelayContext,
+        up: aiohttp.ClientResponse,
+        on_first_token: Callable[[], None],
+        state: _StreamState,
+    ) -> RelayResult:
+        pending = b""
+        usage: tuple[int | None, int | None] = (None, None)
+        async for chunk in up.content.iter_any():
+            pending += chunk
+            end = pending.rfind(_EVENT_END)
+            if end < 0:
+                continue
+            events, pending = pending[: end + 2], pending[end + 2 :]
+            if state.response is None:
+                if events.startswith(_ERROR_EVENT):
+                    # vLLM's own admission control answers a stream with HTTP 200 and an
+                    # error event: that is an overload signal, not a success to relay.
+                    return _overloaded(ctx, _error_message(events))
+                on_first_token()
+                state.response = web.StreamResponse(
+                    status=200,
+                    headers={**ctx.headers, "Content-Type": "text/event-stream",
+                             "Cache-Control": "no-cache"},
+                )
+                await state.response.prepare(ctx.request)
+            if _USAGE_ONLY in events:
+                events, usage = _take_usage(events, ctx.strip_usage)
+            await self._write(state, events)
+        if pending:
+            await self._write(state, pending)
+        if state.response is None:
+            raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
+        await state.response.write_eof()
+        return RelayResult(state.response, Outcome.OK, *usage)
+
+    async def _write(self, state: _StreamState, data: bytes) -> None:
+        assert state.response is not None
+        try:
+            await state.response.write(data)
+        except ConnectionResetError:
+            state.client_gone = True
+            raise asyncio.CancelledError from None
+
+    async def _backend_refused(
+        self, ctx: RelayContext, up: aiohttp.ClientResponse
+    ) -> RelayResult:
+        data = await up.read()
+        if up.status in (429, 503):
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
+            return _overloaded(ctx, _error_message(data))
+        if 400 <= up.status < 500:
+            # The client's mistake (prompt too long, bad field): relay it as the backend gave it.
+            response = web.Response(
+                body=data, status=up.status,
+                headers={**ctx.headers, "Content-Type": up.headers.get("Content-Type",
+                                                                       "application/json")},
+            )
+            return RelayResult(response, Outcome.CLIENT_ERROR)
+        self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
+        message = f"The backend answered HTTP {up.status}: {_error_message(data)}"
+        return RelayResult(error_response(502, message, "upstream_error", ctx.headers),
+                           Outcome.ERROR)
+
+    async def _fail(
+        self, ctx: RelayContext, state: _StreamState, status: int, message: str, code: str,
+        outcome: Outcome,
+    ) -> RelayResult:
+        if state.response is None:
+            return RelayResult(error_response(status, message, code, ctx.headers), outcome)
+        # Streaming already began: end the stream with an error event the client can see.
+        event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
+        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+            await state.response.write(event)
+            await state.response.write_eof()
+        return RelayResult(state.response, outcome)
+
+
+@dataclass(slots=True)
+class _StreamState:
+    response: web.StreamResponse | None = None
+    client_gone: bool = False
+
+
+def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
+    message = f"The backend is overloaded ({detail}); retry shortly."
+    headers = {**ctx.headers, **retry_after_headers(1.0)}
+    return RelayResult(error_response(503, message, "backend_overloaded", headers),
+                       Outcome.OVERLOADED)
+
+
+def _error_message(data: bytes) -> str:
+    text = data.removeprefix(b"data: ").split(b"\n\n", 1)[0]
+    try:
+        body = orjson.loads(text)
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"][:500]
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            return body["message"][:500]
+    except orjson.JSONDecodeError:
+        pass
+    return text[:200].decode("utf-8", "replace")
+
+
+def _usage_of(data: bytes) -> tuple[int | None, int | None]:
+    try:
+        usage = orjson.loads(data).get("usage") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return None, None
+    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
+    """Read the usage-only event's counts, and cut it out when the client did not ask."""
+    kept = []
+    usage: tuple[int | None, int | None] = (None, None)
+    for event in events.split(_EVENT_END):
+        if not event:
+            continue
+        if _USAGE_ONLY in event and event.startswith(b"data: {"):
+            usage = _usage_of(event[6:])
+            if strip:
+                continue
+        kept.append(event + _EVENT_END)
+    return b"".join(kept), usage

@@ -1,0 +1,90 @@
+"""`sluice serve`: run the gateway."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from importlib import resources
+
+import uvloop
+from aiohttp import web
+
+from sluice.config import Backend, ConfigError, Policy, load_policy, parse_policy
+from sluice.gateway.app import GATEWAY_KEY, create_app
+
+log = logging.getLogger("sluice.serve")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="PATH",
+                        help="policy file (default: the built-in example policy)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--backend", action="append", default=[], metavar="URL",
+                        help="backend base URL (repeatable); replaces the config's backends")
+    parser.add_argument("--sim-profile", default="h100-llama3-8b",
+                        help="profile of the built-in simulated backends (embedded default)")
+    parser.add_argument("--sim-speed", type=float, default=1.0,
+                        help="speed-up of the built-in simulated backends")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+
+
+def default_policy() -> Policy:
+    text = resources.files("sluice").joinpath("data/policy.yaml").read_text(encoding="utf-8")
+    return parse_policy(text, "built-in policy")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        policy = load_policy(args.config) if args.config else default_policy()
+    except ConfigError as exc:
+        print(f"{exc.source}: invalid policy", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    if args.backend:
+        backends = tuple(Backend(name=f"backend-{i}", url=u) for i, u in enumerate(args.backend))
+        policy = policy.model_copy(update={"backends": backends})
+    uvloop.run(_serve(policy, args))
+    return 0
+
+
+async def _serve(policy: Policy, args: argparse.Namespace) -> None:
+    embedded = None
+    if not policy.backends:
+        from sluice.gateway.embedded import EmbeddedBackends
+
+        embedded = EmbeddedBackends(profile=args.sim_profile, speed=args.sim_speed)
+        backends = await embedded.start()
+        policy = policy.model_copy(update={"backends": tuple(backends)})
+        print(f"No backend configured: started {len(backends)} simulated backends "
+              f"({args.sim_profile}) at " + ", ".join(b.url for b in backends), flush=True)
+        for t in policy.tenants:
+            if t.api_keys:
+                print(f"  demo key for {t.name} (P{t.priority}): {', '.join(t.api_keys)}",
+                      flush=True)
+    app = create_app(policy)
+    gateway = app[GATEWAY_KEY]
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=policy.server.shutdown_grace)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, backlog=1024)
+    await site.start()
+    print(f"Sluice listening on http://{args.host}:{args.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: no new requests; open streams may finish within %.0fs",
+             policy.server.shutdown_grace)
+    gateway.draining = True
+    await runner.cleanup()  # stops listening, waits up to shutdown_timeout for handlers
+    if embedded is not None:
+        await embedded.stop()

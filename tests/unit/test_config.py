@@ -1,0 +1,150 @@
+"""Policy loading: the seed's ConfigMap as it stands, durations, strict validation."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluice.config import ConfigError, DropPolicy, load_policy, parse_duration, parse_policy
+
+REPO = Path(__file__).resolve().parents[2]
+
+SEED_CONFIGMAP = """\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: gateway-overload-policy
+  namespace: ai-gateway
+data:
+  policy.yaml: |
+    queues:
+    - priority: 0
+      name: realtime-interactive
+      maxQueueSize: 200
+      timeout: 8s
+      dropPolicy: tail
+    - priority: 1
+      name: agent-workflow
+      maxQueueSize: 500
+      timeout: 15s
+      dropPolicy: early-drop-on-pressure
+    - priority: 2
+      name: batch-extraction
+      maxQueueSize: 1000
+      timeout: 60s
+      dropPolicy: fast-reject
+"""
+
+
+def test_seed_configmap_is_valid_as_it_stands() -> None:
+    policy = parse_policy(SEED_CONFIGMAP)
+    assert [(q.name, q.max_queue_size, q.timeout, q.drop_policy) for q in policy.queues] == [
+        ("realtime-interactive", 200, 8.0, DropPolicy.TAIL),
+        ("agent-workflow", 500, 15.0, DropPolicy.EARLY_DROP_ON_PRESSURE),
+        ("batch-extraction", 1000, 60.0, DropPolicy.FAST_REJECT),
+    ]
+
+
+def test_bare_policy_yaml_is_valid() -> None:
+    inner = SEED_CONFIGMAP.split("policy.yaml: |\n", 1)[1]
+    bare = "\n".join(line[4:] for line in inner.splitlines())
+    assert parse_policy(bare).queue(2).timeout == 60.0
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("8s", 8.0), ("500ms", 0.5), ("1m", 60.0), ("2h", 7200.0), ("1.5s", 1.5), (3, 3.0)],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["8", "8 sec", "-1s", "", True, None, "1d"])
+def test_bad_durations_are_refused(bad: object) -> None:
+    if bad == "8":  # a bare number string is seconds, like a bare number
+        assert parse_duration(bad) == 8.0
+        return
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_every_error_is_reported_with_its_field_path() -> None:
+    text = """
+queues:
+  - {priority: 0, name: a, maxQueueSize: -1, timeout: 8q, dropPolicy: tail, bogus: 1}
+  - {priority: 1, name: b, maxQueueSize: 1, timeout: 1s, dropPolicy: nope}
+  - {priority: 2, name: c, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+tenants:
+  - {name: t, apiKeySha256: [xyz]}
+"""
+    with pytest.raises(ConfigError) as info:
+        parse_policy(text)
+    errors = info.value.errors
+    assert "queues.0.maxQueueSize: Input should be greater than or equal to 0" in errors
+    assert any(e.startswith("queues.0.timeout: expected a duration") for e in errors)
+    assert "queues.0.bogus: Extra inputs are not permitted" in errors
+    assert any(e.startswith("queues.1.dropPolicy:") for e in errors)
+    assert "tenants.0.apiKeySha256: apiKeySha256 entries must be 64 hex digits" in errors
+
+
+def test_each_priority_exactly_once() -> None:
+    text = """
+queues:
+  - {priority: 0, name: a, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+  - {priority: 0, name: b, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+  - {priority: 2, name: c, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+"""
+    with pytest.raises(ConfigError, match="priorities 0, 1 and 2 exactly once"):
+        parse_policy(text)
+
+
+def test_a_key_may_not_name_two_tenants() -> None:
+    digest = hashlib.sha256(b"k").hexdigest()
+    text = f"""
+tenants:
+  - {{name: a, apiKeys: [k]}}
+  - {{name: b, apiKeySha256: ["{digest}"]}}
+"""
+    with pytest.raises(ConfigError, match="more than one tenant"):
+        parse_policy(text)
+
+
+def test_fallback_backend_must_exist() -> None:
+    text = """
+features:
+  - {name: f, core: false, fallback: {backend: nowhere}}
+"""
+    with pytest.raises(ConfigError, match="nowhere"):
+        parse_policy(text)
+
+
+def test_example_policy_is_complete() -> None:
+    policy = load_policy(REPO / "examples" / "policy.yaml")
+    keys = {k for t in policy.tenants for k in t.api_keys}
+    assert {"sk-demo-p0", "sk-demo-p1", "sk-demo-p2"} <= keys
+    assert policy.admin.api_keys == ["sk-demo-admin"]
+    summarize = next(f for f in policy.features if f.name == "summarize")
+    assert summarize.core is False and summarize.fallback and summarize.fallback.static
+
+
+def test_check_config_command(tmp_path: Path) -> None:
+    good = tmp_path / "cm.yaml"
+    good.write_text(SEED_CONFIGMAP)
+    ok = subprocess.run([sys.executable, "-m", "sluice.cli", "check-config", str(good)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queues: 3\nextra: 1\n")
+    res = subprocess.run([sys.executable, "-m", "sluice.cli", "check-config", str(bad)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "queues: Input should be a valid tuple" in res.stderr
+    assert "extra: Extra inputs are not permitted" in res.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "check-config", str(tmp_path / "nope.yaml")],
+        capture_output=True, text=True)
+    assert missing.returncode == 1 and "cannot read" in missing.stderr

@@ -1,0 +1,142 @@
+"""The gateway's pure helpers: request bodies, keys, error shapes, backend metrics."""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+import pytest
+
+from sluice.config import parse_policy
+from sluice.core.types import RejectCode
+from sluice.gateway.auth import KeyRing
+from sluice.gateway.backend_metrics import MetricsParser
+from sluice.gateway.errors import reject_response, retry_after_headers
+from sluice.gateway.request_body import BadRequest, parse_request, upstream_body
+
+
+def _chat(**fields: object) -> bytes:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], **fields}
+    return orjson.dumps(body)
+
+
+def test_chat_request_fields_and_estimate() -> None:
+    req = parse_request(_chat(max_completion_tokens=64, stream=True), chat=True)
+    assert (req.model, req.stream, req.max_tokens, req.include_usage) == ("m", True, 64, False)
+    assert req.prompt_tokens_est == 4 + 10  # template overhead + 40 chars / 4
+
+
+def test_content_parts_and_unknown_fields_pass() -> None:
+    raw = orjson.dumps({
+        "model": "m", "ignore_eos": True, "stream_options": {"continuous_usage_stats": True},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}],
+    })
+    req = parse_request(raw, chat=True)
+    assert req.prompt_tokens_est == 4 + 2
+    assert upstream_body(req, raw) == raw  # not a stream: forwarded byte for byte
+
+
+def test_stream_without_usage_asks_upstream_for_it_and_keeps_other_fields() -> None:
+    raw = _chat(stream=True, ignore_eos=True, stream_options={"continuous_usage_stats": True})
+    sent = orjson.loads(upstream_body(parse_request(raw, chat=True), raw))
+    assert sent["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+    assert sent["ignore_eos"] is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1]", "must be a JSON object"),
+        (orjson.dumps({"messages": [{"role": "user", "content": "x"}]}), "'model' is required"),
+        (orjson.dumps({"model": "m"}), "'messages' must be a non-empty list"),
+        (orjson.dumps({"model": "m", "messages": [{"content": 3}]}), "string or a list"),
+        (_chat(max_tokens=0), "'max_tokens' must be a positive integer"),
+        (_chat(stream="yes"), "'stream' must be a boolean"),
+    ],
+)
+def test_bad_bodies(raw: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        parse_request(raw, chat=True)
+
+
+def test_completions_prompt_forms() -> None:
+    assert parse_request(b'{"model":"m","prompt":"abcd"}', chat=False).prompt_tokens_est == 1
+    assert parse_request(b'{"model":"m","prompt":[1,2,3]}', chat=False).prompt_tokens_est == 3
+    with pytest.raises(BadRequest):
+        parse_request(b'{"model":"m","prompt":7}', chat=False)
+
+
+def test_keyring_plaintext_and_sha256() -> None:
+    digest = hashlib.sha256(b"prod-key").hexdigest()
+    policy = parse_policy(f"""
+tenants:
+  - {{name: dev, apiKeys: [dev-key], priority: 0}}
+  - {{name: prod, apiKeySha256: ["{digest.upper()}"], priority: 2}}
+admin: {{apiKeys: [adm]}}
+""")
+    ring = KeyRing(policy)
+    assert ring.tenant_for("dev-key").name == "dev"
+    assert ring.tenant_for("prod-key").name == "prod"
+    assert ring.tenant_for("nope") is None
+    assert ring.is_admin("adm") and not ring.is_admin("dev-key")
+    assert KeyRing.bearer("Bearer  abc ") == "abc"
+    assert KeyRing.bearer("Basic abc") is None and KeyRing.bearer("Bearer ") is None
+
+
+def test_retry_after_headers_are_whole_seconds_at_least_one() -> None:
+    assert retry_after_headers(0.2) == {"Retry-After": "1", "retry-after-ms": "200"}
+    assert retry_after_headers(2.01) == {"Retry-After": "3", "retry-after-ms": "2010"}
+
+
+def test_reject_response_shape() -> None:
+    resp = reject_response(RejectCode.FAST_REJECT, 4.5, "batch-extraction",
+                           {"X-Sluice-Priority": "2"})
+    assert resp.status == 429
+    assert resp.headers["Retry-After"] == "5" and resp.headers["retry-after-ms"] == "4500"
+    body = orjson.loads(resp.body)
+    assert body["error"]["code"] == "fast_reject"
+    assert body["error"]["type"] == "rate_limit_error"
+    assert "batch-extraction" in body["error"]["message"]
+
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.93
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 12.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="2048",engine="0"} 1.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} {a}
+vllm:time_to_first_token_seconds_bucket{le="0.5",model_name="m"} {b}
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} {c}
+vllm:time_to_first_token_seconds_count{model_name="m"} {c}
+vllm:time_to_first_token_seconds_sum{model_name="m"} 1.0
+"""
+
+
+def _metrics(a: int, b: int, c: int) -> str:
+    return VLLM_METRICS.replace("{a}", str(a)).replace("{b}", str(b)).replace("{c}", str(c))
+
+
+def test_vllm_metrics_parse_with_windowed_p95() -> None:
+    parser = MetricsParser()
+    m = parser.parse(_metrics(100, 100, 100), at=1.0)
+    assert (m.running, m.waiting, m.kv_usage, m.preemptions_total) == (7.0, 3.0, 0.93, 12.0)
+    assert (m.num_gpu_blocks, m.block_size) == (2048, 16)
+    assert m.ttft_p95_s == pytest.approx(0.095)
+    # In the next window all 20 new requests were slower than 0.1 s.
+    m2 = parser.parse(_metrics(100, 120, 120), at=1.25)
+    assert m2.ttft_p95_s == pytest.approx(0.1 + 0.4 * 0.95)
+
+
+def test_older_vllm_names_and_unknown_fields() -> None:
+    text = "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 2\n"
+    m = MetricsParser().parse(text, at=0.0)
+    assert (m.kv_usage, m.running, m.waiting, m.num_gpu_blocks) == (0.5, 2.0, None, None)
