@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     AfterValidator,
+    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,

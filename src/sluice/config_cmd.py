@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
         for line in exc.errors:
             print(f"  {line}", file=sys.stderr)
         return 1
-    queues = ", ".join(f"P{q.priority} {q.name}" for q in sorted(policy.queues, key=lambda q: q.priority))
+    ordered = sorted(policy.queues, key=lambda q: q.priority)
+    queues = ", ".join(f"P{q.priority} {q.name}" for q in ordered)
     print(
         f"{args.path}: OK ({queues}; {len(policy.tenants)} tenants, "
         f"{len(policy.backends)} backends, {len(policy.features)} features)"

@@ -18,23 +18,28 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sluice.config import Policy
+from sluice.config import Feature, Policy
+from sluice.core.circuit_breaker import CircuitBreaker
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
-from sluice.core.types import Outcome, Rejection, RequestInfo
+from sluice.core.types import Outcome, RejectCode, Rejection, RequestInfo
 from sluice.gateway.auth import KeyRing
 from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.errors import error_response, reject_response
-from sluice.gateway.relay import Relay, RelayContext
-from sluice.gateway.request_body import BadRequest, parse_request, upstream_body
+from sluice.gateway.fallback import static_fallback
+from sluice.gateway.features import Features
+from sluice.gateway.relay import Relay, RelayContext, RelayResult
+from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
 from sluice.gateway.telemetry import Telemetry
 
 log = logging.getLogger("sluice.gateway")
 
 # When a request sets no max_tokens, assume this much output for its cost estimate.
 DEFAULT_MAX_TOKENS = 1024
-_DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout")
+# Attempts per request when a backend fails before anything reached the client.
+MAX_ATTEMPTS = 2
+_DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 
@@ -48,6 +53,7 @@ class Gateway:
         self.telemetry = Telemetry()
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
+        self.features = Features(policy, self.clock)
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}"
         self.session: aiohttp.ClientSession | None = None
@@ -163,7 +169,7 @@ class Gateway:
                                   "request_timeout", headers)
         try:
             parsed = parse_request(raw, chat)
-            timeout_s = _client_timeout(request)
+            first_byte_s, total_s = _client_timeouts(request)
         except BadRequest as exc:
             return error_response(400, str(exc), "invalid_request", headers)
 
@@ -172,48 +178,85 @@ class Gateway:
             return error_response(404, f"The model `{parsed.model}` does not exist.",
                                   "model_not_found", headers)
 
+        feature = self.features.resolve(request.headers.get("X-Sluice-Feature"), tenant,
+                                        parsed.model)
+        breaker = self.features.breaker(feature)
+        if breaker is not None and not breaker.allow():
+            return await self._fallback(request, parsed, feature, chat, headers, started)
+
         retry = _retry_attempt(request)
         if retry:
             self.telemetry.retries.labels(str(priority), retry[1]).inc()
-        deadline = started + timeout_s if timeout_s is not None else None
-        request_id = f"{self._id_prefix}-{next(self._ids)}"
-        headers["X-Request-Id"] = request_id
-        info = RequestInfo(
-            request_id=request_id,
-            tenant=tenant.name,
-            priority=priority,
-            model=parsed.model,
-            prompt_tokens=parsed.prompt_tokens_est,
-            max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
-            weight=tenant.weight,
-            client_deadline=deadline,
-            feature=request.headers.get("X-Sluice-Feature"),
-            retry_attempt=retry[0] if retry else 0,
-        )
+        # The core drops a queued request its client will no longer wait for; the relay
+        # stops an upstream call at the client's overall deadline.
+        wait_deadline = started + first_byte_s if first_byte_s is not None else None
+        deadline = started + total_s if total_s is not None else None
         queue_name = self.policy.queue(priority).name
-        admission = self.controller.arrive(info)
-        if not admission.queued:
-            assert admission.code is not None
-            self.telemetry.rejections.labels(str(priority), admission.code.value).inc()
-            self.telemetry.outcome(priority, "rejected")
-            return reject_response(admission.code, admission.retry_after_s, queue_name, headers)
+        body = upstream_body(parsed, raw)
+        base_id = f"{self._id_prefix}-{next(self._ids)}"
+        headers["X-Request-Id"] = base_id
+        queued_total = 0.0
+        # A request that failed before anything reached its client is tried once more on
+        # another backend; after the first byte it is never replayed.
+        for attempt in range(MAX_ATTEMPTS):
+            request_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
+            info = RequestInfo(
+                request_id=request_id,
+                tenant=tenant.name,
+                priority=priority,
+                model=parsed.model,
+                prompt_tokens=parsed.prompt_tokens_est,
+                max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
+                weight=tenant.weight,
+                client_deadline=wait_deadline,
+                feature=feature.name if feature else None,
+                retry_attempt=retry[0] if retry else 0,
+            )
+            admission = self.controller.arrive(info)
+            if not admission.queued:
+                assert admission.code is not None
+                return self._rejected(priority, admission.code, admission.retry_after_s,
+                                      queue_name, headers, breaker)
+            decision = await self.bridge.wait(request_id)
+            queued_total += decision.queued_s
+            headers["X-Sluice-Queue-Ms"] = str(round(queued_total * 1000))
+            if isinstance(decision, Rejection):
+                self.telemetry.observe_queue_wait(priority, decision.queued_s)
+                return self._rejected(priority, decision.code, decision.retry_after_s,
+                                      queue_name, headers, breaker)
+            self.telemetry.observe_queue_wait(priority, decision.queued_s)
+            result = await self._forward(request, request_id, priority, decision.backend,
+                                         chat, parsed, body, headers, started, deadline)
+            if breaker is not None:
+                if result.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
+                    breaker.record_failure()
+                elif result.outcome is Outcome.OK:
+                    breaker.record_success()
+            if result.retryable and attempt + 1 < MAX_ATTEMPTS and (
+                    deadline is None or self.clock.now() < deadline):
+                self.telemetry.outcome(priority, "retried_on_other_backend")
+                continue
+            if (result.retryable and breaker is not None and breaker.is_open()):
+                return await self._fallback(request, parsed, feature, chat, headers, started)
+            self.telemetry.outcome(priority, result.outcome.value)
+            self.telemetry.observe_latency(priority, self.clock.now() - started)
+            return result.response
+        raise AssertionError("unreachable: the last attempt returns")
 
-        decision = await self.bridge.wait(request_id)
-        headers["X-Sluice-Queue-Ms"] = str(round(decision.queued_s * 1000))
-        self.telemetry.observe_queue_wait(priority, decision.queued_s)
-        if isinstance(decision, Rejection):
-            self.telemetry.rejections.labels(str(priority), decision.code.value).inc()
-            self.telemetry.outcome(priority, "rejected")
-            return reject_response(decision.code, decision.retry_after_s, queue_name, headers)
-
-        backend = self.pool.handle(decision.backend)
+    async def _forward(
+        self, request: web.Request, request_id: str, priority: int, backend_name: str,
+        chat: bool, parsed: ParsedRequest, body: bytes, headers: dict[str, str],
+        started: float, deadline: float | None,
+    ) -> RelayResult:
+        assert self.pool is not None and self.relay is not None
+        backend = self.pool.handle(backend_name)
         ctx = RelayContext(
             request=request,
             request_id=request_id,
             priority=priority,
             backend=backend,
             path="/v1/chat/completions" if chat else "/v1/completions",
-            body=upstream_body(parsed, raw),
+            body=body,
             stream=parsed.stream,
             strip_usage=parsed.stream and not parsed.include_usage,
             headers=headers,
@@ -221,25 +264,61 @@ class Gateway:
             deadline=deadline,
             default_timeout=self.policy.server.upstream_timeout,
         )
-        outcome = Outcome.CANCELLED
         try:
             result = await self.relay.forward(ctx, on_first_token=self._first_token(ctx))
-            outcome = result.outcome
-            self.controller.on_finish(request_id, outcome, result.prompt_tokens,
-                                      result.completion_tokens)
-            if outcome in (Outcome.ERROR, Outcome.TIMEOUT):
-                self.pool.report(backend, ok=outcome is not Outcome.ERROR or result.responded)
-            self.telemetry.outcome(priority, outcome.value)
-            self.telemetry.observe_latency(priority, self.clock.now() - started)
-            return result.response
         except BaseException:
             # The client went away (the handler is cancelled) or something unexpected:
-            # the slot must come back either way.
+            # the slot comes back either way.
             self.controller.cancel(request_id)
             self.telemetry.outcome(priority, Outcome.CANCELLED.value)
-            raise
-        finally:
             self.bridge.pump()
+            raise
+        self.controller.on_finish(request_id, result.outcome, result.prompt_tokens,
+                                  result.completion_tokens)
+        self.pool.record(backend, result.outcome, connect_failed=not result.responded)
+        self.bridge.pump()
+        return result
+
+    def _rejected(
+        self, priority: int, code: RejectCode, retry_after_s: float, queue_name: str,
+        headers: dict[str, str], breaker: CircuitBreaker | None,
+    ) -> web.Response:
+        if breaker is not None and code is not RejectCode.TENANT_QUOTA:
+            breaker.record_shed()
+        self.telemetry.rejections.labels(str(priority), code.value).inc()
+        self.telemetry.outcome(priority, "rejected")
+        return reject_response(code, retry_after_s, queue_name, headers)
+
+    async def _fallback(
+        self, request: web.Request, parsed: ParsedRequest, feature: Feature | None, chat: bool,
+        headers: dict[str, str], started: float,
+    ) -> web.StreamResponse:
+        assert feature is not None and feature.fallback is not None
+        priority = int(headers["X-Sluice-Priority"])
+        self.telemetry.fallbacks.labels(feature.name).inc()
+        self.telemetry.outcome(priority, "fallback")
+        if feature.fallback.static is not None:
+            return await static_fallback(request, parsed, feature.fallback.static, chat,
+                                         headers)
+        assert self.pool is not None and self.relay is not None and feature.fallback.backend
+        handle = self.pool.handle(feature.fallback.backend)
+        body = dict(parsed.body)
+        if handle.models:
+            body["model"] = sorted(handle.models)[0]
+        small = ParsedRequest(body=body, model=body["model"], stream=parsed.stream,
+                              include_usage=parsed.include_usage,
+                              max_tokens=parsed.max_tokens,
+                              prompt_tokens_est=parsed.prompt_tokens_est)
+        ctx = RelayContext(
+            request=request, request_id=f"fallback-{next(self._ids)}", priority=priority,
+            backend=handle, path="/v1/chat/completions" if chat else "/v1/completions",
+            body=upstream_body(small, orjson.dumps(body)), stream=parsed.stream,
+            strip_usage=parsed.stream and not parsed.include_usage,
+            headers={**headers, "X-Sluice-Fallback": "model"}, started=started,
+            deadline=None, default_timeout=self.policy.server.upstream_timeout,
+        )
+        result = await self.relay.forward(ctx, on_first_token=lambda: None)
+        return result.response
 
     def _first_token(self, ctx: RelayContext) -> Any:
         def on_first_token() -> None:
@@ -255,10 +334,13 @@ def _unauthorized() -> web.Response:
     )
 
 
-def _client_timeout(request: web.Request) -> float | None:
-    """The client's own deadline, from X-Request-Timeout or the openai SDK's
-    X-Stainless-Timeout (seconds); the smaller one wins."""
-    found: list[float] = []
+def _client_timeouts(request: web.Request) -> tuple[float | None, float | None]:
+    """The client's own deadlines in seconds: (for the first byte, for the whole call).
+    X-Request-Timeout and the openai SDK's X-Stainless-Timeout bound the whole call;
+    X-Stainless-Read-Timeout bounds each read, so only the wait for the first byte (the
+    queue wait). The smallest applicable one wins."""
+    first: list[float] = []
+    total: list[float] = []
     for name in _DEADLINE_HEADERS:
         value = request.headers.get(name)
         if value is None:
@@ -267,10 +349,12 @@ def _client_timeout(request: web.Request) -> float | None:
             seconds = float(value)
         except ValueError:
             raise BadRequest(f"{name} must be a number of seconds") from None
-        if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        if not 0 < seconds < float("inf"):
             raise BadRequest(f"{name} must be a positive number of seconds")
-        found.append(seconds)
-    return min(found) if found else None
+        first.append(seconds)
+        if name != "X-Stainless-Read-Timeout":
+            total.append(seconds)
+    return (min(first) if first else None), (min(total) if total else None)
 
 
 def _retry_attempt(request: web.Request) -> tuple[int, str] | None:

@@ -10,6 +10,7 @@ import hmac
 
 from sluice.config import Policy, Tenant
 
+
 class KeyRing:
     def __init__(self, policy: Policy) -> None:
         self._tenants: dict[str, tuple[str, Tenant]] = {}

@@ -15,8 +15,10 @@ import aiohttp
 import orjson
 
 from sluice.config import Backend, ScraperPolicy
-from sluice.core.clock import Clock
+from sluice.core.circuit_breaker import BreakerSettings, CircuitBreaker
+from sluice.core.clock import Clock, MonotonicClock
 from sluice.core.controller import Controller
+from sluice.core.types import Outcome
 from sluice.gateway.backend_metrics import MetricsParser
 
 log = logging.getLogger("sluice.backends")
@@ -25,6 +27,9 @@ HEALTH_INTERVAL_S = 1.0
 # Failures in a row before a backend is taken out of service.
 UNHEALTHY_AFTER = 2
 MODELS_REFRESH_S = 30.0
+# A backend whose requests fail this often is taken out until it passes a health check.
+BACKEND_BREAKER = BreakerSettings(window_s=10.0, error_rate=0.5, min_requests=5,
+                                  open_for_s=2.0, probes=1)
 
 
 @dataclass
@@ -35,6 +40,9 @@ class BackendHandle:
     failures: int = 0
     metrics_ok: bool = False
     parser: MetricsParser = field(default_factory=MetricsParser)
+    breaker: CircuitBreaker = field(
+        default_factory=lambda: CircuitBreaker("backend", MonotonicClock(), BACKEND_BREAKER)
+    )
 
     @property
     def name(self) -> str:
@@ -128,22 +136,43 @@ class BackendPool:
                 ok = False  # serves nothing we can route to yet
         self.report(h, ok)
 
+    def record(self, h: BackendHandle, outcome: Outcome, connect_failed: bool) -> None:
+        """Evidence from a finished request. A refused connection takes the backend out of
+        service at once; errors and hangs count in its breaker, which takes it out when
+        they are too many. It comes back by passing its health checks."""
+        if connect_failed:
+            h.breaker.record_failure()
+            h.failures = UNHEALTHY_AFTER
+            self._mark(h, healthy=False)
+        elif outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+            h.breaker.record_failure()
+            if h.breaker.is_open():
+                self._mark(h, healthy=False)
+        elif outcome is Outcome.OK:
+            h.breaker.record_success()
+
+    def _mark(self, h: BackendHandle, healthy: bool) -> None:
+        if h.healthy == healthy:
+            return
+        h.healthy = healthy
+        if healthy:
+            log.info("backend %s is healthy", h.name)
+        else:
+            log.warning("backend %s is out of service", h.name)
+        self._controller.set_backend_health(h.name, healthy)
+        self._on_change()
+
     def report(self, h: BackendHandle, ok: bool) -> None:
         """Health evidence from a probe (or from a failed request: `ok=False`)."""
         if ok:
             h.failures = 0
-            if not h.healthy:
-                log.info("backend %s is healthy", h.name)
-                h.healthy = True
-                self._controller.set_backend_health(h.name, True)
-                self._on_change()
+            if not h.healthy and not h.breaker.is_open():
+                h.breaker.reset()
+                self._mark(h, healthy=True)
             return
         h.failures += 1
-        if h.healthy and h.failures >= UNHEALTHY_AFTER:
-            log.warning("backend %s is unhealthy", h.name)
-            h.healthy = False
-            self._controller.set_backend_health(h.name, False)
-            self._on_change()
+        if h.failures >= UNHEALTHY_AFTER:
+            self._mark(h, healthy=False)
 
     async def _get_ok(self, url: str) -> bool:
         try:

@@ -53,6 +53,8 @@ class RelayResult:
     completion_tokens: int | None = None
     # Whether the backend answered at all (a connect failure did not).
     responded: bool = True
+    # Failed before anything reached the client: another backend may try it.
+    retryable: bool = False
 
 
 class Relay:
@@ -172,14 +174,15 @@ class Relay:
         self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
         message = f"The backend answered HTTP {up.status}: {_error_message(data)}"
         return RelayResult(error_response(502, message, "upstream_error", ctx.headers),
-                           Outcome.ERROR)
+                           Outcome.ERROR, retryable=True)
 
     async def _fail(
         self, ctx: RelayContext, state: _StreamState, status: int, message: str, code: str,
         outcome: Outcome,
     ) -> RelayResult:
         if state.response is None:
-            return RelayResult(error_response(status, message, code, ctx.headers), outcome)
+            return RelayResult(error_response(status, message, code, ctx.headers), outcome,
+                               retryable=outcome is Outcome.ERROR)
         # Streaming already began: end the stream with an error event the client can see.
         event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
         with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
@@ -198,7 +201,7 @@ def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
     message = f"The backend is overloaded ({detail}); retry shortly."
     headers = {**ctx.headers, **retry_after_headers(1.0)}
     return RelayResult(error_response(503, message, "backend_overloaded", headers),
-                       Outcome.OVERLOADED)
+                       Outcome.OVERLOADED, retryable=True)
 
 
 def _error_message(data: bytes) -> str:

@@ -76,7 +76,8 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, backlog=1024)
     await site.start()
-    print(f"Sluice listening on http://{args.host}:{args.port}", flush=True)
+    port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[union-attr]
+    print(f"Sluice listening on http://{args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -42,6 +42,10 @@ class Telemetry:
             "sluice_upstream_errors", "Upstream failures, by backend and kind",
             ["backend", "kind"], registry=r,
         )
+        self.fallbacks = Counter(
+            "sluice_fallbacks", "Requests answered with a feature's fallback",
+            ["feature"], registry=r,
+        )
         self.ttft = Histogram(
             "sluice_ttft_seconds", "Time to first token seen by the client, by class",
             ["priority"], buckets=LATENCY_BUCKETS, registry=r,
@@ -91,16 +95,17 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         s = self._snapshot()
         pressure = GaugeMetricFamily("sluice_pressure", "Overload pressure, 0..1")
-        pressure.add_metric([], float(s.get("pressure", 0.0)))
+        pressure.add_metric([], float(s["pressure"]))
         yield pressure
         depth = GaugeMetricFamily("sluice_queue_depth", "Requests queued", labels=["priority"])
         oldest = GaugeMetricFamily(
             "sluice_queue_oldest_seconds", "Wait of the oldest queued request",
             labels=["priority"],
         )
-        for c in s.get("classes", []):
-            depth.add_metric([str(c["priority"])], float(c.get("depth", 0)))
-            oldest.add_metric([str(c["priority"])], float(c.get("oldest_wait_s", 0.0)))
+        for cls, c in s["classes"].items():
+            prio = cls.removeprefix("P")
+            depth.add_metric([prio], float(c["queued"]))
+            oldest.add_metric([prio], float(c["head_sojourn_s"]))
         yield depth
         yield oldest
         per_backend = {
@@ -114,9 +119,9 @@ class _StateCollector(Collector):
         }
         families = {k: GaugeMetricFamily(n, h, labels=["backend"]) for k, (n, h) in
                     per_backend.items()}
-        for b in s.get("backends", []):
+        for name, b in s["backends"].items():
             for key, fam in families.items():
                 value = b.get(key)
                 if value is not None:
-                    fam.add_metric([b["name"]], float(value))
+                    fam.add_metric([name], float(value))
         yield from families.values()

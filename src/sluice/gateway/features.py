@@ -1,0 +1,40 @@
+"""Features (DESIGN.md section 4): which feature a request belongs to, and the breaker that
+decides when a non-core feature answers with its fallback instead of queueing."""
+
+from __future__ import annotations
+
+import logging
+
+from sluice.config import Feature, Policy, Tenant
+from sluice.core.circuit_breaker import BreakerSettings, BreakerState, CircuitBreaker
+from sluice.core.clock import Clock
+
+log = logging.getLogger("sluice.features")
+
+
+class Features:
+    def __init__(self, policy: Policy, clock: Clock,
+                 settings: BreakerSettings | None = None) -> None:
+        self._by_name = {f.name: f for f in policy.features}
+        self._by_model = {m: f for f in policy.features for m in f.models}
+        self._by_tenant = {t: f for f in policy.features for t in f.tenants}
+        self.breakers = {
+            f.name: CircuitBreaker(f"feature:{f.name}", clock, settings, on_change=_log_change)
+            for f in policy.features
+            if not f.core and f.fallback is not None
+        }
+
+    def resolve(self, header: str | None, tenant: Tenant, model: str) -> Feature | None:
+        """X-Sluice-Feature wins; else a feature that names the model, else the tenant. An
+        unknown feature name is served as core traffic (a typo must not shed requests)."""
+        if header:
+            return self._by_name.get(header.strip())
+        return self._by_model.get(model) or self._by_tenant.get(tenant.name)
+
+    def breaker(self, feature: Feature | None) -> CircuitBreaker | None:
+        return self.breakers.get(feature.name) if feature is not None else None
+
+
+def _log_change(name: str, state: BreakerState) -> None:
+    level = logging.WARNING if state is BreakerState.OPEN else logging.INFO
+    log.log(level, "circuit breaker %s is now %s", name, state.value)

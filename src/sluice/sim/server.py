@@ -1,0 +1,213 @@
+"""The simulator's HTTP surface: vLLM's OpenAI-compatible API on top of an Engine.
+
+`create_sim_app(profile, seed=, speed=, model_name=)` returns an aiohttp Application that
+owns one engine, its real-time driver (started and stopped with the app) and its own
+Prometheus registry, so several can run in one process. Routes: POST /v1/chat/completions,
+POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics.
+
+The application turns on aiohttp's handler cancellation: when a client disconnects, its
+handler is cancelled wherever it waits (queued or streaming) and the engine request is
+aborted, so its KV blocks are freed at the next engine step."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from sluice.sim.driver import EngineDriver, RequestHandle
+from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
+from sluice.sim.metrics import SimMetrics
+from sluice.sim.openai_api import (
+    CHAT,
+    COMPLETION,
+    DONE_CHUNK,
+    ApiError,
+    ResponseFormatter,
+    error_body,
+    new_request_id,
+    parse_request,
+    stream_error_chunk,
+)
+from sluice.sim.profiles import Profile
+
+DEFAULT_MODEL_NAME = "sluice-sim"
+SIM_VERSION = "sluice-sim"
+_MAX_BODY = 64 * 1024 * 1024
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+}
+
+
+class SimServer:
+    """The state behind one simulator app: engine, driver, metrics, served model."""
+
+    def __init__(self, profile: Profile, *, seed: int, model_name: str) -> None:
+        self.profile = profile
+        self.model_name = model_name
+        self.engine = Engine(profile, seed=seed)
+        self.metrics = SimMetrics(self.engine, model_name)
+        self.driver = EngineDriver(self.engine, on_step=self.metrics.observe_step)
+        self.created = int(time.time())
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def on_startup(self, app: web.Application) -> None:
+        self.driver.start()
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        await self.driver.stop()
+
+    # -- generation -----------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(CHAT, request)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(COMPLETION, request)
+
+    async def _generate(self, kind: str, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            g = parse_request(
+                kind, raw, served_model=self.model_name, max_model_len=self.profile.max_model_len
+            )
+        except ApiError as err:
+            return _json(err.body(), err.status)
+        request_id = new_request_id(kind)
+        fmt = ResponseFormatter(
+            kind, request_id, self.model_name, g.prompt_tokens, sample_key=g.sample_key
+        )
+        engine_req = self.engine.make_request(
+            request_id,
+            g.prompt_tokens,
+            g.max_tokens,
+            ignore_eos=g.ignore_eos,
+            min_tokens=g.min_tokens,
+            sample_key=g.sample_key,
+        )
+        if not g.stream:
+            return await self._answer_whole(request_id, engine_req, fmt)
+        render = fmt.token_chunk_with_usage if g.continuous_usage else fmt.token_chunk
+        handle = RequestHandle(render)
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        self.driver.submit(engine_req, handle)
+        completed = False
+        try:
+            await response.prepare(request)
+            data = await _next(handle)
+            data = fmt.role_chunk() + data
+            while True:
+                if handle.done:
+                    if handle.finish_reason == FINISH_ABORT:
+                        data += stream_error_chunk("request aborted", "InternalServerError", 500)
+                    elif g.include_usage:
+                        data += fmt.usage_chunk(handle.generated)
+                    completed = True
+                    await response.write(data + DONE_CHUNK)
+                    break
+                await response.write(data)
+                data = await _next(handle)
+        except ConnectionError:
+            return response  # the client went away mid-stream; aborted below
+        finally:
+            if not completed:
+                self.driver.abort(request_id)
+        return response
+
+    async def _answer_whole(
+        self, request_id: str, engine_req: EngineRequest, fmt: ResponseFormatter
+    ) -> web.Response:
+        handle = RequestHandle(None)
+        self.driver.submit(engine_req, handle)
+        try:
+            while not handle.done:
+                await handle.wait()
+        finally:
+            if not handle.done:
+                self.driver.abort(request_id)
+        if handle.finish_reason == FINISH_ABORT:
+            return _json(error_body(500, "request aborted", "InternalServerError"), 500)
+        body = fmt.full_response(handle.generated, handle.finish_reason or "stop")
+        return _json(body, 200)
+
+    # -- the rest -------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": self.profile.max_model_len,
+            "permission": [],
+        }
+        return _json(orjson.dumps({"object": "list", "data": [card]}), 200)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json(orjson.dumps({"version": SIM_VERSION}), 200)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+
+async def _next(handle: RequestHandle) -> bytes:
+    await handle.wait()
+    return handle.take()
+
+
+def _json(body: bytes, status: int) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown routes and wrong methods answer in OpenAI's error shape too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        err_type = "NotFoundError" if exc.status == 404 else "BadRequestError"
+        return _json(error_body(exc.status, exc.reason, err_type), exc.status)
+
+
+SIM_SERVER_KEY = web.AppKey("sluice_sim_server", SimServer)
+
+
+def create_sim_app(
+    profile: Profile,
+    *,
+    seed: int = 0,
+    speed: float = 1.0,
+    model_name: str = DEFAULT_MODEL_NAME,
+) -> web.Application:
+    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine."""
+    server = SimServer(profile.scaled(speed), seed=seed, model_name=model_name)
+    app = web.Application(
+        middlewares=[_json_errors],
+        client_max_size=_MAX_BODY,
+        # cancel a handler when its client disconnects, so that its request is aborted
+        handler_args={"handler_cancellation": True},
+    )
+    app[SIM_SERVER_KEY] = server
+    app.on_startup.append(server.on_startup)
+    app.on_cleanup.append(server.on_cleanup)
+    app.router.add_post("/v1/chat/completions", server.chat_completions)
+    app.router.add_post("/v1/completions", server.completions)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/version", server.version)
+    app.router.add_get("/metrics", server.metrics_endpoint)
+    return app

@@ -1,0 +1,286 @@
+"""The gateway as a drop-in proxy: real `sluice sim` and `sluice serve` processes on
+loopback, driven by the official openai SDK and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from conftest import SimFactory, SimProcess
+from gateway_proc import GatewayProcess, start_gateway
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [{"role": "user", "content": "Tell me about rivers and bridges."}]
+# The simulator's answer depends only on the prompt and the seed, like a real engine at
+# temperature 0, so a direct answer and one through the gateway can be compared.
+DETERMINISTIC = {"seed": 7, "temperature": 0}
+
+
+@pytest.fixture
+def backend(sim_factory: SimFactory) -> SimProcess:
+    return sim_factory("--profile", "tiny", "--seed", "1")
+
+
+@pytest.fixture
+def gateway(backend: SimProcess) -> Iterator[GatewayProcess]:
+    gw = start_gateway([backend.url])
+    yield gw
+    gw.stop()
+
+
+def _model(sim: SimProcess) -> str:
+    return httpx.get(sim.url + "/v1/models").json()["data"][0]["id"]
+
+
+def _collect(stream: openai.Stream) -> str:  # type: ignore[type-arg]
+    return "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+
+
+def test_openai_sdk_sync_same_content_as_direct(backend: SimProcess,
+                                                 gateway: GatewayProcess) -> None:
+    model = _model(backend)
+    direct = openai.OpenAI(base_url=backend.url + "/v1", api_key="x")
+    via = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-demo-p0")
+    kw = {"model": model, "messages": PROMPT, "max_tokens": 24, **DETERMINISTIC}
+    a = direct.chat.completions.create(**kw)  # type: ignore[call-overload]
+    b = via.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert b.choices[0].message.content == a.choices[0].message.content
+    assert b.usage is not None and a.usage is not None
+    assert b.usage.completion_tokens == a.usage.completion_tokens
+
+    sa = _collect(direct.chat.completions.create(stream=True, **kw))  # type: ignore[call-overload]
+    sb = _collect(via.chat.completions.create(stream=True, **kw))  # type: ignore[call-overload]
+    assert sb == sa == a.choices[0].message.content
+
+    ca = direct.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
+                                   **DETERMINISTIC)
+    cb = via.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
+                                **DETERMINISTIC)
+    assert cb.choices[0].text == ca.choices[0].text
+
+
+async def test_openai_sdk_async_same_content_as_direct(backend: SimProcess,
+                                                        gateway: GatewayProcess) -> None:
+    model = _model(backend)
+    direct = openai.AsyncOpenAI(base_url=backend.url + "/v1", api_key="x")
+    via = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="sk-demo-p1")
+    kw = {"model": model, "messages": PROMPT, "max_tokens": 20, **DETERMINISTIC}
+    a, b = await asyncio.gather(direct.chat.completions.create(**kw),  # type: ignore[call-overload]
+                                via.chat.completions.create(**kw))  # type: ignore[call-overload]
+    assert b.choices[0].message.content == a.choices[0].message.content
+
+    async def collect(client: openai.AsyncOpenAI) -> tuple[str, int | None]:
+        stream = await client.chat.completions.create(  # type: ignore[call-overload]
+            stream=True, stream_options={"include_usage": True}, **kw)
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        return text, usage
+
+    (ta, ua), (tb, ub) = await asyncio.gather(collect(direct), collect(via))
+    assert tb == ta and ub == ua == 20
+
+
+def test_stream_without_usage_gets_no_usage_chunk(backend: SimProcess,
+                                                   gateway: GatewayProcess) -> None:
+    """The gateway asks the backend for usage; a client that did not ask must not see it."""
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions",
+                      headers={"Authorization": "Bearer sk-demo-p0"},
+                      json={"model": _model(backend), "messages": PROMPT, "max_tokens": 5,
+                            "stream": True}) as r:
+        body = r.read().decode()
+    assert r.status_code == 200
+    assert '"usage"' not in body
+    assert body.rstrip().endswith("data: [DONE]")
+
+
+def test_models_auth_and_errors(backend: SimProcess, gateway: GatewayProcess) -> None:
+    url = gateway.url
+    model = _model(backend)
+    chat = url + "/v1/chat/completions"
+    body = {"model": model, "messages": PROMPT, "max_tokens": 2}
+
+    models = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sk-demo-p2"})
+    assert [m["id"] for m in models.json()["data"]] == [model]
+
+    def check(r: httpx.Response, status: int, code: str) -> None:
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["code"] == code
+        assert set(r.json()["error"]) >= {"message", "type", "code"}
+
+    check(httpx.post(chat, json=body), 401, "invalid_api_key")
+    check(httpx.post(chat, json=body, headers={"Authorization": "Bearer nope"}), 401,
+          "invalid_api_key")
+    p1 = {"Authorization": "Bearer sk-demo-p1"}
+    r = httpx.post(chat, json=body, headers={**p1, "X-Priority": "0"})
+    check(r, 403, "priority_not_allowed")
+    assert r.headers["X-Sluice-Priority"] == "1"
+    r = httpx.post(chat, json=body, headers={**p1, "X-Priority": "2"})
+    assert r.status_code == 200 and r.headers["X-Sluice-Priority"] == "2"
+    assert "X-Sluice-Queue-Ms" in r.headers
+    check(httpx.post(chat, json={**body, "model": "nope"}, headers=p1), 404, "model_not_found")
+    check(httpx.post(chat, content=b"{bad", headers=p1), 400, "invalid_request")
+    check(httpx.post(chat, json={"model": model}, headers=p1), 400, "invalid_request")
+    big = {**body, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
+    check(httpx.post(chat, json=big, headers=p1), 413, "body_too_large")
+    # The backend's own refusal of a prompt too long is relayed as the client's error.
+    long = {**body, "messages": [{"role": "user", "content": "word " * 40000}]}
+    assert httpx.post(chat, json=long, headers=p1, timeout=10).status_code == 400
+
+
+def test_upstream_failure_mid_stream_is_an_error_event(sim_factory: SimFactory) -> None:
+    slow = sim_factory("--profile", "tiny", "--speed", "0.05")
+    gw = start_gateway([slow.url])
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p0", max_retries=0)
+        stream = client.chat.completions.create(
+            model=_model(slow), messages=PROMPT, max_tokens=200, stream=True,
+            extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it)  # streaming has begun
+        slow.kill()
+        with pytest.raises(openai.APIError):
+            for _ in it:
+                pass
+    finally:
+        gw.stop()
+
+
+def test_client_deadline_bounds_the_upstream_call(sim_factory: SimFactory) -> None:
+    slow = sim_factory("--profile", "tiny", "--speed", "0.05")
+    gw = start_gateway([slow.url])
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(gw.url + "/v1/chat/completions",
+                       headers={"Authorization": "Bearer sk-demo-p0",
+                                "X-Request-Timeout": "0.5"},
+                       json={"model": _model(slow), "messages": PROMPT, "max_tokens": 300,
+                             "ignore_eos": True}, timeout=10)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        gw.stop()
+
+
+async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory) -> None:
+    """50 streaming clients close after their first token; every one of their backend
+    requests is aborted (KV blocks freed) within 100 ms of its client's close."""
+    sim = sim_factory("--profile", "tiny", "--kv-blocks", "4096", "--max-num-seqs", "128",
+                      "--speed", "1")
+    gw = start_gateway([sim.url], POLICY_BIG_LIMIT)
+    model = _model(sim)
+    n = 50
+    first_tokens = 0
+    all_started = asyncio.Event()
+    close = asyncio.Event()
+    closed_at: list[float] = []
+    limits = httpx.Limits(max_connections=n + 5)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+        async def one() -> None:
+            nonlocal first_tokens
+            async with client.stream(
+                "POST", gw.url + "/v1/chat/completions",
+                headers={"Authorization": "Bearer sk-demo-p0"},
+                json={"model": model, "messages": PROMPT, "max_tokens": 2000,
+                      "ignore_eos": True, "stream": True},
+            ) as r:
+                assert r.status_code == 200
+                # Keep the iterator: closing it would close the connection early.
+                lines = r.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: {") and '"content":"' in line:
+                        break
+                first_tokens += 1
+                if first_tokens == n:
+                    all_started.set()
+                await close.wait()
+            closed_at.append(time.monotonic())  # the connection is closed here
+
+        tasks = [asyncio.create_task(one()) for _ in range(n)]
+        await asyncio.wait_for(all_started.wait(), 30)
+        before = sim.metrics()
+        assert before["vllm:num_requests_running"] == n
+        key = 'vllm:request_success_total{finished_reason="abort"}'
+        # Another process polls the backend's abort counter over a warm connection and
+        # stamps each reading with the system-wide monotonic clock: this process is busy
+        # closing 50 streams and would delay its own readings.
+        poller = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _POLLER, sim.url, key, str(before.get(key, 0) + n),
+            stdout=asyncio.subprocess.PIPE)
+        assert poller.stdout is not None
+        assert (await poller.stdout.readline()).strip() == b"ready"
+        close.set()
+        await asyncio.gather(*tasks)
+        out = (await asyncio.wait_for(poller.communicate(), 10))[0].decode()
+    samples = [(float(t), int(float(c) - before.get(key, 0)))
+               for t, c in (line.split() for line in out.splitlines())]
+    gw.stop()
+    assert samples and samples[-1][1] == n, f"only {samples[-1][1]} of {n} aborted"
+    # The k-th abort the backend counted answers the k-th close.
+    closes = sorted(closed_at)
+    delays = []
+    for k in range(1, n + 1):
+        seen_at = next(t for t, count in samples if count >= k)
+        delays.append(max(0.0, seen_at - closes[k - 1]))
+    delays.sort()
+    p50, p99 = statistics.median(delays), delays[int(0.99 * n) - 1]
+    print(f"\nabort after client close: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
+          f"max {delays[-1] * 1000:.1f} ms")
+    assert delays[-1] <= 0.100, f"an abort came {delays[-1] * 1000:.0f} ms after its close"
+
+
+_POLLER = """
+import sys, time, httpx
+from prometheus_client.parser import text_string_to_metric_families
+url, key, target = sys.argv[1], sys.argv[2].split("{")[0], float(sys.argv[3])
+def aborts(http):
+    total = 0.0
+    for fam in text_string_to_metric_families(http.get(url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == key and s.labels.get("finished_reason") == "abort":
+                total += s.value
+    return total
+with httpx.Client(timeout=5) as http:
+    aborts(http)
+    print("ready", flush=True)
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        count = aborts(http)
+        print(time.monotonic(), count, flush=True)
+        if count >= target:
+            break
+"""
+
+POLICY_BIG_LIMIT = """
+tenants:
+  - {name: chat-app, apiKeys: [sk-demo-p0], priority: 0}
+limiter: {algorithm: fixed, fixedLimit: 200, maxLimit: 256}
+"""
+
+
+def test_sigterm_lets_open_streams_finish(sim_factory: SimFactory) -> None:
+    sim = sim_factory("--profile", "tiny", "--speed", "0.5")
+    gw = start_gateway([sim.url])
+    with httpx.stream("POST", gw.url + "/v1/chat/completions",
+                      headers={"Authorization": "Bearer sk-demo-p0"},
+                      json={"model": _model(sim), "messages": PROMPT, "max_tokens": 40,
+                            "ignore_eos": True, "stream": True}, timeout=20) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        os.kill(gw.proc.pid, signal.SIGTERM)
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
+    assert gw.proc.wait(10) == 0
