@@ -193,6 +193,20 @@ class ServerPolicy(_Model):
     shutdown_grace: Duration = Field(default=30.0, ge=0)
 
 
+class BreakerPolicy(_Model):
+    """Circuit breakers of non-core features (docs/degradation.md)."""
+
+    window: Duration = Field(default=10.0, gt=0)
+    error_rate: float = Field(default=0.5, gt=0, le=1)
+    min_requests: int = Field(default=10, ge=1)
+    # Open when the feature's requests have been shed for overload this long without a break.
+    shed_for: Duration = Field(default=5.0, gt=0)
+    open_for: Duration = Field(default=5.0, gt=0)
+    # Non-core features answer with their fallback while fewer than this share of the
+    # backends is in service: lost capacity is kept for core traffic.
+    degrade_below_healthy: float = Field(default=0.75, ge=0, le=1)
+
+
 class RedisPolicy(_Model):
     url: str
 
@@ -208,6 +222,7 @@ class Policy(_Model):
     pressure: PressurePolicy = PressurePolicy()
     scraper: ScraperPolicy = ScraperPolicy()
     server: ServerPolicy = ServerPolicy()
+    breakers: BreakerPolicy = BreakerPolicy()
     redis: RedisPolicy | None = None
 
     @model_validator(mode="after")

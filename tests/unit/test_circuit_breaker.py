@@ -85,3 +85,16 @@ def test_a_success_interrupts_shedding() -> None:
     clock.advance(4)
     b.record_shed()
     assert b.state is BreakerState.CLOSED
+
+
+def test_held_open_refuses_then_probes_when_released() -> None:
+    b, clock, changes = _breaker(probes=1, open_for_s=5)
+    b.hold_open(True)
+    assert b.is_open() and not b.allow()
+    clock.advance(60)  # no probing while held, however long
+    assert not b.allow()
+    b.hold_open(False)
+    assert b.allow()  # a probe at once
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+    assert changes == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.CLOSED]

@@ -55,12 +55,26 @@ class CircuitBreaker:
         self._probes_left = 0
         self._probes_ok = 0
         self._on_change = on_change
+        self._held = False
 
     # --- questions -----------------------------------------------------------------------
+
+    def hold_open(self, hold: bool) -> None:
+        """Keep the breaker open whatever the evidence (the cluster has lost capacity);
+        released, it probes as after any opening."""
+        if hold == self._held:
+            return
+        self._held = hold
+        if hold:
+            self._open(self._clock.now())
+        else:
+            self._opened_at = self._clock.now() - self._open_for  # probe at once
 
     def allow(self) -> bool:
         """May a request go through now? In HALF_OPEN this takes one probe slot."""
         now = self._clock.now()
+        if self._held:
+            return False
         if self.state is BreakerState.OPEN:
             if now - self._opened_at < self._open_for:
                 return False
@@ -76,6 +90,8 @@ class CircuitBreaker:
 
     def is_open(self) -> bool:
         """Whether requests are being refused (without taking a probe slot)."""
+        if self._held:
+            return True
         if self.state is BreakerState.OPEN:
             return self._clock.now() - self._opened_at < self._open_for
         return self.state is BreakerState.HALF_OPEN and self._probes_left <= 0

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -42,6 +43,7 @@ MAX_ATTEMPTS = 2
 _DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+STATIC_DIR = Path(__file__).parent / "static"
 
 
 class Gateway:
@@ -71,6 +73,7 @@ class Gateway:
         self.pool = BackendPool(
             list(self.policy.backends), self.controller, self.session, self.clock,
             self.policy.scraper, on_change=self.bridge.pump,
+            on_capacity=self.features.set_healthy_fraction,
         )
         self.relay = Relay(self.session, self.telemetry)
         await self.pool.start()
@@ -95,6 +98,8 @@ class Gateway:
             web.get("/metrics", self.metrics),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
+            web.get("/dashboard", self.dashboard),
+            web.get("/dashboard/state", self.dashboard_state),
         ]
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -127,6 +132,18 @@ class Gateway:
         ready = bool(healthy) and not self.draining
         body = {"ready": ready, "healthy_backends": healthy, "draining": self.draining}
         return web.json_response(body, status=200 if ready else 503)
+
+    async def dashboard(self, _request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "dashboard.html",
+                                headers={"Cache-Control": "no-cache"})
+
+    async def dashboard_state(self, _request: web.Request) -> web.Response:
+        """What the dashboard draws: the controller's snapshot plus cumulative counters
+        (the page turns them into rates from one poll to the next)."""
+        body = {"t": self.clock.now(), "controller": self.controller.snapshot(),
+                "counters": self.telemetry.counters()}
+        return web.Response(body=orjson.dumps(body), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
 
     # --- the request path ----------------------------------------------------------------
 
@@ -225,6 +242,7 @@ class Gateway:
                 return self._rejected(priority, decision.code, decision.retry_after_s,
                                       queue_name, headers, breaker)
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
+            headers["X-Sluice-Backend"] = decision.backend
             result = await self._forward(request, request_id, priority, decision.backend,
                                          chat, parsed, body, headers, started, deadline)
             if breaker is not None:
@@ -232,12 +250,16 @@ class Gateway:
                     breaker.record_failure()
                 elif result.outcome is Outcome.OK:
                     breaker.record_success()
-            if result.retryable and attempt + 1 < MAX_ATTEMPTS and (
-                    deadline is None or self.clock.now() < deadline):
-                self.telemetry.outcome(priority, "retried_on_other_backend")
-                continue
-            if (result.retryable and breaker is not None and breaker.is_open()):
-                return await self._fallback(request, parsed, feature, chat, headers, started)
+            if result.retryable:
+                if breaker is not None:
+                    # Non-core: answer from the fallback now and keep what capacity is
+                    # left for core traffic.
+                    return await self._fallback(request, parsed, feature, chat, headers,
+                                                started)
+                if attempt + 1 < MAX_ATTEMPTS and (deadline is None
+                                                   or self.clock.now() < deadline):
+                    self.telemetry.outcome(priority, "retried_on_other_backend")
+                    continue
             self.telemetry.outcome(priority, result.outcome.value)
             self.telemetry.observe_latency(priority, self.clock.now() - started)
             return result.response
@@ -275,7 +297,7 @@ class Gateway:
             raise
         self.controller.on_finish(request_id, result.outcome, result.prompt_tokens,
                                   result.completion_tokens)
-        self.pool.record(backend, result.outcome, connect_failed=not result.responded)
+        self.pool.record(backend, result.outcome, lost=result.backend_lost)
         self.bridge.pump()
         return result
 

@@ -62,12 +62,15 @@ class BackendPool:
         clock: Clock,
         scraper: ScraperPolicy,
         on_change: Callable[[], None],
+        on_capacity: Callable[[float], None] = lambda _fraction: None,
     ) -> None:
         self._controller = controller
         self._session = session
         self._clock = clock
         self._scraper = scraper
         self._on_change = on_change
+        self._on_capacity = on_capacity
+        self._started = False
         self._tasks: list[asyncio.Task[None]] = []
         self.backends: dict[str, BackendHandle] = {}
         self.set_backends(backends)
@@ -103,6 +106,8 @@ class BackendPool:
         """Probe every backend once (so the gateway starts ready when they are), then keep
         probing and scraping in the background."""
         await asyncio.gather(*(self._probe(h) for h in self.backends.values()))
+        self._started = True
+        self._on_capacity(self.healthy_fraction())
         self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
         self._tasks.append(asyncio.create_task(self._scrape_loop(), name="scrape"))
 
@@ -136,15 +141,17 @@ class BackendPool:
                 ok = False  # serves nothing we can route to yet
         self.report(h, ok)
 
-    def record(self, h: BackendHandle, outcome: Outcome, connect_failed: bool) -> None:
-        """Evidence from a finished request. A refused connection takes the backend out of
-        service at once; errors and hangs count in its breaker, which takes it out when
-        they are too many. It comes back by passing its health checks."""
-        if connect_failed:
+    def record(self, h: BackendHandle, outcome: Outcome, lost: bool) -> None:
+        """Evidence from a finished request. A refused or cut connection, or a
+        health check that fails twice takes the backend out of service at once; error
+        answers (5xx) count in its breaker, which takes it out when they are too many (a
+        timeout is not counted: the client's deadline may simply be short). It comes back
+        by passing its health checks."""
+        if lost:
             h.breaker.record_failure()
             h.failures = UNHEALTHY_AFTER
             self._mark(h, healthy=False)
-        elif outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+        elif outcome is Outcome.ERROR:
             h.breaker.record_failure()
             if h.breaker.is_open():
                 self._mark(h, healthy=False)
@@ -160,7 +167,14 @@ class BackendPool:
         else:
             log.warning("backend %s is out of service", h.name)
         self._controller.set_backend_health(h.name, healthy)
+        if self._started:
+            self._on_capacity(self.healthy_fraction())
         self._on_change()
+
+    def healthy_fraction(self) -> float:
+        if not self.backends:
+            return 0.0
+        return sum(h.healthy for h in self.backends.values()) / len(self.backends)
 
     def report(self, h: BackendHandle, ok: bool) -> None:
         """Health evidence from a probe (or from a failed request: `ok=False`)."""

@@ -13,8 +13,12 @@ log = logging.getLogger("sluice.features")
 
 
 class Features:
-    def __init__(self, policy: Policy, clock: Clock,
-                 settings: BreakerSettings | None = None) -> None:
+    def __init__(self, policy: Policy, clock: Clock) -> None:
+        b = policy.breakers
+        settings = BreakerSettings(window_s=b.window, error_rate=b.error_rate,
+                                   min_requests=b.min_requests, shed_for_s=b.shed_for,
+                                   open_for_s=b.open_for)
+        self._degrade_below = b.degrade_below_healthy
         self._by_name = {f.name: f for f in policy.features}
         self._by_model = {m: f for f in policy.features for m in f.models}
         self._by_tenant = {t: f for f in policy.features for t in f.tenants}
@@ -30,6 +34,12 @@ class Features:
         if header:
             return self._by_name.get(header.strip())
         return self._by_model.get(model) or self._by_tenant.get(tenant.name)
+
+    def set_healthy_fraction(self, fraction: float) -> None:
+        """Hold non-core features on their fallback while too much capacity is lost."""
+        degraded = fraction < self._degrade_below
+        for breaker in self.breakers.values():
+            breaker.hold_open(degraded)
 
     def breaker(self, feature: Feature | None) -> CircuitBreaker | None:
         return self.breakers.get(feature.name) if feature is not None else None

@@ -51,8 +51,8 @@ class RelayResult:
     outcome: Outcome
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    # Whether the backend answered at all (a connect failure did not).
-    responded: bool = True
+    # The backend refused the connection or cut it: it is probably gone.
+    backend_lost: bool = False
     # Failed before anything reached the client: another backend may try it.
     retryable: bool = False
 
@@ -88,14 +88,17 @@ class Relay:
             self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
             result = await self._fail(ctx, state, 502, f"The backend failed: {exc}",
                                       "upstream_error", Outcome.ERROR)
-            result.responded = kind != "connect"
+            result.backend_lost = True
             return result
         except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError, OSError) as exc:
             if state.client_gone:
                 raise
             self._telemetry.upstream_errors.labels(ctx.backend.name, "stream").inc()
-            return await self._fail(ctx, state, 502, f"The backend's answer broke off: {exc}",
-                                    "upstream_error", Outcome.ERROR)
+            result = await self._fail(ctx, state, 502,
+                                      f"The backend's answer broke off: {exc}",
+                                      "upstream_error", Outcome.ERROR)
+            result.backend_lost = True
+            return result
         except asyncio.CancelledError:
             # The client hung up: leaving the `async with` closed the upstream connection.
             self._telemetry.aborts.labels(ctx.backend.name).inc()

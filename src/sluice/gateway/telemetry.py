@@ -79,6 +79,24 @@ class Telemetry:
     def observe_queue_wait(self, priority: int, seconds: float) -> None:
         self._queue_wait[str(priority)].observe(seconds)
 
+    def counters(self) -> dict[str, Any]:
+        """Cumulative counters for the dashboard: answers by class and outcome, refusals by
+        class and cause, and TTFT sum/count by class."""
+        out: dict[str, Any] = {"requests": {}, "rejections": {}, "ttft": {}}
+        for metric, key, label in ((self.requests, "requests", "outcome"),
+                                   (self.rejections, "rejections", "code")):
+            for family in metric.collect():
+                for s in family.samples:
+                    if s.name.endswith("_total"):
+                        by_class = out[key].setdefault("P" + s.labels["priority"], {})
+                        by_class[s.labels[label]] = s.value
+        for family in self.ttft.collect():
+            for s in family.samples:
+                if s.name.endswith(("_sum", "_count")):
+                    entry = out["ttft"].setdefault("P" + s.labels["priority"], {})
+                    entry[s.name.rsplit("_", 1)[1]] = s.value
+        return out
+
     def watch_state(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_StateCollector(snapshot))
 
