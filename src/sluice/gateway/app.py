@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sluice.config import Feature, Policy
+from sluice.config import Backend, Feature, Policy
 from sluice.core.circuit_breaker import CircuitBreaker
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
@@ -30,6 +30,8 @@ from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.errors import error_response, reject_response
 from sluice.gateway.fallback import static_fallback
 from sluice.gateway.features import Features
+from sluice.gateway.logs import access
+from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay, RelayContext, RelayResult
 from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
 from sluice.gateway.telemetry import Telemetry
@@ -47,8 +49,14 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 
 class Gateway:
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, policy_path: str | None = None,
+                 backends_override: tuple[Backend, ...] | None = None) -> None:
+        if backends_override:
+            policy = policy.model_copy(update={"backends": backends_override})
         self.policy = policy
+        self.policy_path = policy_path
+        self._backends_override = backends_override
+        self.watcher: PolicyWatcher | None = None
         self.clock = MonotonicClock()
         self.controller = Controller(policy, self.clock)
         self.keyring = KeyRing(policy)
@@ -77,8 +85,29 @@ class Gateway:
         )
         self.relay = Relay(self.session, self.telemetry)
         await self.pool.start()
+        if self.policy_path is not None:
+            self.watcher = PolicyWatcher(self.policy_path, self.apply_policy,
+                                         self.telemetry.policy_reloaded)
+            self.watcher.start()
+
+    def apply_policy(self, policy: Policy) -> None:
+        """Hot reload: new queues, tenants, limits, features and backends take effect at
+        once; queued and in-flight requests carry on."""
+        if self._backends_override:
+            policy = policy.model_copy(update={"backends": self._backends_override})
+        self.policy = policy
+        self.controller.apply_policy(policy)
+        self.keyring = KeyRing(policy)
+        self.features = Features(policy, self.clock)
+        if self.pool is not None:
+            self.pool.set_backends(list(policy.backends))
+            self.pool.set_scraper(policy.scraper)
+            self.features.set_healthy_fraction(self.pool.healthy_fraction())
+        self.bridge.pump()
 
     async def stop(self, _app: web.Application | None = None) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
         self.bridge.close()
         if self.pool is not None:
             await self.pool.stop()
@@ -100,6 +129,8 @@ class Gateway:
             web.get("/readyz", self.readyz),
             web.get("/dashboard", self.dashboard),
             web.get("/dashboard/state", self.dashboard_state),
+            web.post("/admin/reload", self.admin_reload),
+            web.get("/admin/state", self.admin_state),
         ]
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -145,6 +176,39 @@ class Gateway:
         return web.Response(body=orjson.dumps(body), content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
+    def _admin(self, request: web.Request) -> web.Response | None:
+        key = KeyRing.bearer(request.headers.get("Authorization"))
+        if key is None or not self.keyring.is_admin(key):
+            return error_response(401, "An admin key is required (Authorization: Bearer).",
+                                  "invalid_admin_key")
+        return None
+
+    async def admin_reload(self, request: web.Request) -> web.Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        if self.watcher is None:
+            return error_response(409, "The gateway runs on its built-in policy; there is "
+                                  "no file to reload (start it with --config).", "no_policy_file")
+        applied, errors = self.watcher.reload(force=True)
+        status = 200 if applied else 422
+        return web.json_response({"reloaded": applied, "errors": errors,
+                                  "path": str(self.watcher.path)}, status=status)
+
+    async def admin_state(self, request: web.Request) -> web.Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        assert self.pool is not None
+        backends = {
+            h.name: {"url": h.url, "healthy": h.healthy, "models": sorted(h.models),
+                     "metrics_fresh": h.metrics_ok, "breaker": h.breaker.state.value}
+            for h in self.pool.backends.values()
+        }
+        features = {name: b.state.value for name, b in self.features.breakers.items()}
+        body = {"controller": self.controller.snapshot(), "backends": backends,
+                "feature_breakers": features, "policy_path": self.policy_path,
+                "draining": self.draining}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
     # --- the request path ----------------------------------------------------------------
 
     def _tenant(self, request: web.Request) -> Any:
@@ -152,10 +216,25 @@ class Gateway:
         return self.keyring.tenant_for(key) if key else None
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """One access record per request, whatever happens to it."""
         started = self.clock.now()
+        fields: dict[str, Any] = {"path": request.path}
+        response: web.StreamResponse | None = None
+        try:
+            response = await self._serve(request, chat, started, fields)
+            return response
+        finally:
+            # 499: the client went away before the answer was complete (nginx's usage).
+            fields["status"] = response.status if response is not None else 499
+            fields["duration_ms"] = round((self.clock.now() - started) * 1000, 1)
+            access(fields)
+
+    async def _serve(self, request: web.Request, chat: bool, started: float,
+                     fields: dict[str, Any]) -> web.StreamResponse:
         tenant = self._tenant(request)
         if tenant is None:
             return _unauthorized()
+        fields["tenant"] = tenant.name
         priority = tenant.priority
         asked = request.headers.get("X-Priority")
         if asked is not None:
@@ -170,6 +249,7 @@ class Gateway:
                 )
             priority = int(asked)
         headers = {"X-Sluice-Priority": str(priority)}
+        fields["priority"] = priority
         if self.draining:
             return error_response(503, "The gateway is shutting down; retry on another "
                                   "replica.", "shutting_down", {**headers, "Retry-After": "1"})
@@ -199,6 +279,7 @@ class Gateway:
                                         parsed.model)
         breaker = self.features.breaker(feature)
         if breaker is not None and not breaker.allow():
+            fields.update(outcome="fallback", feature=feature.name if feature else None)
             return await self._fallback(request, parsed, feature, chat, headers, started)
 
         retry = _retry_attempt(request)
@@ -212,6 +293,8 @@ class Gateway:
         body = upstream_body(parsed, raw)
         base_id = f"{self._id_prefix}-{next(self._ids)}"
         headers["X-Request-Id"] = base_id
+        fields.update(request_id=base_id, model=parsed.model, stream=parsed.stream,
+                      feature=feature.name if feature else None)
         queued_total = 0.0
         # A request that failed before anything reached its client is tried once more on
         # another backend; after the first byte it is never replayed.
@@ -232,17 +315,22 @@ class Gateway:
             admission = self.controller.arrive(info)
             if not admission.queued:
                 assert admission.code is not None
+                fields["outcome"] = admission.code.value
                 return self._rejected(priority, admission.code, admission.retry_after_s,
                                       queue_name, headers, breaker)
             decision = await self.bridge.wait(request_id)
             queued_total += decision.queued_s
             headers["X-Sluice-Queue-Ms"] = str(round(queued_total * 1000))
+            fields["queue_ms"] = round(queued_total * 1000, 1)
             if isinstance(decision, Rejection):
+                fields["outcome"] = decision.code.value
                 self.telemetry.observe_queue_wait(priority, decision.queued_s)
                 return self._rejected(priority, decision.code, decision.retry_after_s,
                                       queue_name, headers, breaker)
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
             headers["X-Sluice-Backend"] = decision.backend
+            fields.update(backend=decision.backend, attempt=attempt + 1)
+            fields["outcome"] = "cancelled"  # until the relay says otherwise
             result = await self._forward(request, request_id, priority, decision.backend,
                                          chat, parsed, body, headers, started, deadline)
             if breaker is not None:
@@ -250,8 +338,12 @@ class Gateway:
                     breaker.record_failure()
                 elif result.outcome is Outcome.OK:
                     breaker.record_success()
+            fields["outcome"] = result.outcome.value
+            if result.completion_tokens is not None:
+                fields["completion_tokens"] = result.completion_tokens
             if result.retryable:
                 if breaker is not None:
+                    fields["outcome"] = "fallback"
                     # Non-core: answer from the fallback now and keep what capacity is
                     # left for core traffic.
                     return await self._fallback(request, parsed, feature, chat, headers,
@@ -390,8 +482,9 @@ def _retry_attempt(request: web.Request) -> tuple[int, str] | None:
     return None
 
 
-def create_app(policy: Policy) -> web.Application:
-    gateway = Gateway(policy)
+def create_app(policy: Policy, policy_path: str | None = None,
+               backends_override: tuple[Backend, ...] | None = None) -> web.Application:
+    gateway = Gateway(policy, policy_path, backends_override)
     app = web.Application(client_max_size=policy.server.max_body_bytes)
     app[GATEWAY_KEY] = gateway
     app.add_routes(gateway.routes())

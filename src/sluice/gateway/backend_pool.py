@@ -87,6 +87,9 @@ class BackendPool:
             self._controller.set_backend_models(h.name, sorted(h.models))
             self._controller.set_backend_health(h.name, h.healthy)
 
+    def set_scraper(self, scraper: ScraperPolicy) -> None:
+        self._scraper = scraper
+
     # --- queries -------------------------------------------------------------------------
 
     def known_models(self) -> set[str]:

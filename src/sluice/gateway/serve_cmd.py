@@ -14,6 +14,7 @@ from aiohttp import web
 
 from sluice.config import Backend, ConfigError, Policy, load_policy, parse_policy
 from sluice.gateway.app import GATEWAY_KEY, create_app
+from sluice.gateway.logs import setup_logging
 
 log = logging.getLogger("sluice.serve")
 
@@ -31,6 +32,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="speed-up of the built-in simulated backends")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "text"],
+                        help="auto: text on a terminal, JSON lines otherwise")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="do not log one line per request")
 
 
 def default_policy() -> Policy:
@@ -39,8 +44,7 @@ def default_policy() -> Policy:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, args.log_format, access=not args.no_access_log)
     try:
         policy = load_policy(args.config) if args.config else default_policy()
     except ConfigError as exc:
@@ -48,28 +52,26 @@ def run(args: argparse.Namespace) -> int:
         for line in exc.errors:
             print(f"  {line}", file=sys.stderr)
         return 1
-    if args.backend:
-        backends = tuple(Backend(name=f"backend-{i}", url=u) for i, u in enumerate(args.backend))
-        policy = policy.model_copy(update={"backends": backends})
     uvloop.run(_serve(policy, args))
     return 0
 
 
 async def _serve(policy: Policy, args: argparse.Namespace) -> None:
     embedded = None
-    if not policy.backends:
+    override = tuple(Backend(name=f"backend-{i}", url=u) for i, u in enumerate(args.backend))
+    if not policy.backends and not override:
         from sluice.gateway.embedded import EmbeddedBackends
 
         embedded = EmbeddedBackends(profile=args.sim_profile, speed=args.sim_speed)
         backends = await embedded.start()
-        policy = policy.model_copy(update={"backends": tuple(backends)})
+        override = tuple(backends)
         print(f"No backend configured: started {len(backends)} simulated backends "
               f"({args.sim_profile}) at " + ", ".join(b.url for b in backends), flush=True)
         for t in policy.tenants:
             if t.api_keys:
                 print(f"  demo key for {t.name} (P{t.priority}): {', '.join(t.api_keys)}",
                       flush=True)
-    app = create_app(policy)
+    app = create_app(policy, args.config, override or None)
     gateway = app[GATEWAY_KEY]
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=policy.server.shutdown_grace)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -46,6 +46,15 @@ class Telemetry:
             "sluice_fallbacks", "Requests answered with a feature's fallback",
             ["feature"], registry=r,
         )
+        self.reloads = Counter(
+            "sluice_policy_reloads", "Policy reloads, by result (ok, refused)",
+            ["result"], registry=r,
+        )
+        self.policy_ok = Gauge(
+            "sluice_policy_last_reload_ok", "1 if the last policy reload was applied, 0 if "
+            "it was refused (the previous policy stays in force)", registry=r,
+        )
+        self.policy_ok.set(1)
         self.ttft = Histogram(
             "sluice_ttft_seconds", "Time to first token seen by the client, by class",
             ["priority"], buckets=LATENCY_BUCKETS, registry=r,
@@ -78,6 +87,10 @@ class Telemetry:
 
     def observe_queue_wait(self, priority: int, seconds: float) -> None:
         self._queue_wait[str(priority)].observe(seconds)
+
+    def policy_reloaded(self, ok: bool, _errors: list[str]) -> None:
+        self.reloads.labels("ok" if ok else "refused").inc()
+        self.policy_ok.set(1 if ok else 0)
 
     def counters(self) -> dict[str, Any]:
         """Cumulative counters for the dashboard: answers by class and outcome, refusals by
