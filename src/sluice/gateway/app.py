@@ -30,7 +30,7 @@ from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.errors import error_response, reject_response
 from sluice.gateway.fallback import static_fallback
 from sluice.gateway.features import Features
-from sluice.gateway.logs import access
+from sluice.gateway.logs import ACCESS_LOG, access
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay, RelayContext, RelayResult
 from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
@@ -42,6 +42,7 @@ log = logging.getLogger("sluice.gateway")
 DEFAULT_MAX_TOKENS = 1024
 # Attempts per request when a backend fails before anything reached the client.
 MAX_ATTEMPTS = 2
+ACCESS_FLUSH_S = 0.2
 _DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
@@ -57,6 +58,7 @@ class Gateway:
         self.policy_path = policy_path
         self._backends_override = backends_override
         self.watcher: PolicyWatcher | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self.clock = MonotonicClock()
         self.controller = Controller(policy, self.clock)
         self.keyring = KeyRing(policy)
@@ -75,8 +77,11 @@ class Gateway:
 
     async def start(self, _app: web.Application | None = None) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=300)
+        # The relay bounds each call with the request's own deadline; the session adds
+        # only a connect timeout for new connections (no per-request timer of its own).
         self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
         )
         self.pool = BackendPool(
             list(self.policy.backends), self.controller, self.session, self.clock,
@@ -85,6 +90,7 @@ class Gateway:
         )
         self.relay = Relay(self.session, self.telemetry)
         await self.pool.start()
+        self._flusher = asyncio.create_task(self._flush_access_log(), name="access-log")
         if self.policy_path is not None:
             self.watcher = PolicyWatcher(self.policy_path, self.apply_policy,
                                          self.telemetry.policy_reloaded)
@@ -105,7 +111,15 @@ class Gateway:
             self.features.set_healthy_fraction(self.pool.healthy_fraction())
         self.bridge.pump()
 
+    async def _flush_access_log(self) -> None:
+        while True:
+            await asyncio.sleep(ACCESS_FLUSH_S)
+            ACCESS_LOG.flush()
+
     async def stop(self, _app: web.Application | None = None) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        ACCESS_LOG.flush()
         if self.watcher is not None:
             await self.watcher.stop()
         self.bridge.close()
@@ -255,7 +269,8 @@ class Gateway:
                                   "replica.", "shutting_down", {**headers, "Retry-After": "1"})
 
         try:
-            raw = await asyncio.wait_for(request.read(), self.policy.server.read_timeout)
+            async with asyncio.timeout(self.policy.server.read_timeout):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return error_response(
                 413, f"the body is larger than {self.policy.server.max_body_bytes} bytes",
