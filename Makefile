@@ -18,6 +18,7 @@ demo: install
 	$(BIN)/sluice demo
 
 test: install
+	sh scripts/ensure_chromium.sh
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest -q
 
