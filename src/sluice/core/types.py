@@ -104,3 +104,9 @@ class Sample:
     inflight: int = 0  # requests in flight on the backend when the request was sent
     dropped: bool = False  # error or timeout: a congestion signal
     extra: dict[str, float] = field(default_factory=dict)
+    # Core-clock time the request was sent to the backend: lets a limiter ignore samples
+    # of requests sent before its last cut (they describe the old limit).
+    sent_at: float | None = None
+    # Whole-request time (send to last token). Set only on the end-of-request sample; a
+    # sample with e2e_s None and ttft_s set is the first-token sample.
+    e2e_s: float | None = None

@@ -1,0 +1,589 @@
+"""The Controller: the one facade the gateway shell and the simulation drive.
+
+It ties the parts together -- tenant quotas, pressure and the drop policies at arrival, the
+class queues, the dispatcher, one limiter per backend, token costs and Retry-After -- and
+keeps the single source of truth about each request: queued, in flight, or gone (an
+unknown id). Time comes only from the injected clock; nothing here sleeps or does I/O.
+
+Driving it: call `arrive` for each request; after every event (arrival, finish, cancel,
+health or metrics change) call `dispatch` and act on the assignments; arm a timer for
+`next_wakeup` and call `expire` when it fires (then `dispatch` again).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy
+from sluice.core.backend_state import BackendState
+from sluice.core.class_queue import ClassQueue
+from sluice.core.clock import Clock
+from sluice.core.dispatcher import Dispatcher
+from sluice.core.drop_policy import admission_code, head_slack
+from sluice.core.ewma import Ewma
+from sluice.core.limiters import Limiter, make_limiter
+from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
+from sluice.core.quota import InProcessQuotas, TenantQuotas
+from sluice.core.request_record import RequestRecord, RequestState
+from sluice.core.retry_after import DrainEstimator, refusal_excess
+from sluice.core.token_cost import TokenCostModel
+from sluice.core.types import (
+    Admission,
+    Assignment,
+    BackendMetrics,
+    Outcome,
+    RejectCode,
+    Rejection,
+    RequestInfo,
+    Sample,
+)
+
+PRIORITIES = (0, 1, 2)
+_DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
+
+LimiterFactory = Callable[[str, LimiterPolicy, int | None], Limiter]
+
+
+class ClassCounters:
+    """Per-class counters. They add up (checked by the tests):
+    arrived = admitted + sum(rejected)
+    admitted = queued + dispatched + sum(dropped) + cancelled_queued
+    dispatched = inflight + sum(finished) + cancelled_inflight"""
+
+    __slots__ = (
+        "admitted",
+        "arrived",
+        "cancelled_inflight",
+        "cancelled_queued",
+        "dispatched",
+        "dropped",
+        "finished",
+        "rejected",
+    )
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.admitted = 0
+        self.rejected: dict[str, int] = {}
+        self.dispatched = 0
+        self.dropped: dict[str, int] = {}
+        self.cancelled_queued = 0
+        self.cancelled_inflight = 0
+        self.finished: dict[str, int] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "arrived": self.arrived,
+            "admitted": self.admitted,
+            "rejected": dict(self.rejected),
+            "dispatched": self.dispatched,
+            "dropped": dict(self.dropped),
+            "cancelled_queued": self.cancelled_queued,
+            "cancelled_inflight": self.cancelled_inflight,
+            "finished": dict(self.finished),
+        }
+
+
+def _bump(d: dict[str, int], key: str) -> None:
+    d[key] = d.get(key, 0) + 1
+
+
+class Controller:
+    def __init__(
+        self,
+        policy: Policy,
+        clock: Clock,
+        backends: Sequence[str] = (),
+        *,
+        limiter_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        limiter_factory: LimiterFactory | None = None,
+        aging_every: int = 5,
+        rate_tau_s: float = 2.0,
+        ttft_alpha: float = 0.1,
+        no_backend_retry_s: float = 2.0,
+        kv_low: float = 0.85,
+        kv_high: float = 0.95,
+        quotas: TenantQuotas | None = None,
+        cost_model: TokenCostModel | None = None,
+        seed: int | str = 0,
+    ) -> None:
+        """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
+        `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
+        factory; `seed` makes each backend's probe jitter reproducible."""
+        self._policy = policy
+        self._clock = clock
+        self._limiter_kwargs = {k: dict(v) for k, v in (limiter_kwargs or {}).items()}
+        self._limiter_factory = limiter_factory
+        self._seed = seed
+        self._queues = [ClassQueue(policy.queue(p)) for p in PRIORITIES]
+        self._dispatcher = Dispatcher(
+            reserved_p0=policy.dispatcher.reserved.p0,
+            aging_after_s=policy.dispatcher.aging_after,
+            aging_every=aging_every,
+        )
+        self._records: dict[str, RequestRecord] = {}
+        self._drain = DrainEstimator(len(PRIORITIES), tau_s=rate_tau_s)
+        self._cost = cost_model or TokenCostModel()
+        self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
+        self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
+        self._pending: list[Rejection] = []  # found due inside dispatch(): for expire()
+        self._alarms: list[tuple[float, int, str]] = []  # (due, seq, id): overdue TTFT
+        self._seq = 0
+        self._counters = [ClassCounters() for _ in PRIORITIES]
+        self._no_backend_retry_s = no_backend_retry_s
+        self._kv_low = kv_low
+        self._kv_high = kv_high
+        self._congestion_sum = 0.0
+        self._congestion_n = 0
+        self.set_backends(backends)
+
+    # -- backends ----------------------------------------------------------------------
+
+    def _new_limiter(self, name: str, initial: int | None = None) -> Limiter:
+        lp = self._policy.limiter
+        if self._limiter_factory is not None:
+            return self._limiter_factory(name, lp, initial)
+        kwargs = dict(self._limiter_kwargs.get(lp.algorithm, {}))
+        if lp.algorithm == "sluice":
+            kwargs.setdefault("seed", f"{self._seed}:{name}")
+            kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved.p0)
+        return make_limiter(lp, initial_limit=initial, **kwargs)
+
+    def set_backends(self, names: Sequence[str]) -> None:
+        wanted = list(dict.fromkeys(names))
+        for name in list(self._dispatcher.backends):
+            if name not in wanted:
+                b = self._dispatcher.backends[name]
+                self._set_congestion(b, None)
+                self._dispatcher.remove(name)
+        for name in wanted:
+            if name not in self._dispatcher.backends:
+                self._dispatcher.add(BackendState(name, self._new_limiter(name)))
+
+    def set_backend_models(self, backend: str, models: Sequence[str]) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is not None:
+            self._dispatcher.set_models(b, models)
+
+    def set_backend_health(self, backend: str, healthy: bool) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is not None and b.healthy != healthy:
+            self._dispatcher.set_health(b, healthy)
+
+    def on_metrics(self, backend: str, m: BackendMetrics) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is None:
+            return
+        b.last_metrics = m
+        b.metrics_fresh = True
+        self._set_congestion(
+            b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
+        )
+        b.limiter.on_metrics(m, self._clock.now())
+        self._dispatcher.refresh(b)
+
+    def metrics_stale(self, backend: str) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is None:
+            return
+        b.metrics_fresh = False
+        self._set_congestion(b, None)
+        b.limiter.on_metrics_stale(self._clock.now())
+        self._dispatcher.refresh(b)
+
+    def _set_congestion(self, b: BackendState, value: float | None) -> None:
+        if b.congestion is not None:
+            self._congestion_sum -= b.congestion
+            self._congestion_n -= 1
+        b.congestion = value
+        if value is not None:
+            self._congestion_sum += value
+            self._congestion_n += 1
+
+    # -- arrival -----------------------------------------------------------------------
+
+    def arrive(self, req: RequestInfo) -> Admission:
+        now = self._clock.now()
+        rid = req.request_id
+        if rid in self._records:
+            raise ValueError(f"request id {rid!r} is already queued or in flight")
+        prio = req.priority
+        if prio not in PRIORITIES:
+            raise ValueError(f"priority must be 0, 1 or 2, got {prio!r}")
+        if not req.weight > 0:
+            raise ValueError("a tenant weight must be positive")
+        counters = self._counters[prio]
+        counters.arrived += 1
+        self._drain.record_arrival(prio, now)
+        q = self._queues[prio]
+        if not self._dispatcher.serves(req.model):
+            return self._refuse(counters, RejectCode.NO_BACKEND, self._no_backend_retry_s)
+
+        cost = self._cost
+        prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
+        expected_out = cost.expected_output(req.tenant, req.model, req.max_tokens)
+        footprint = max(1, int(prompt + expected_out + 0.999999))
+        quota = self._quotas.acquire(req.tenant, footprint, now)
+        if not quota.ok:
+            retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
+            return self._refuse(counters, RejectCode.TENANT_QUOTA, retry)
+
+        policy = q.policy
+        patience = policy.timeout
+        if req.client_deadline is not None:
+            patience = min(patience, req.client_deadline - now)
+        code: RejectCode | None
+        if patience <= 0:
+            code = RejectCode.QUEUE_TIMEOUT
+        else:
+            pressure = 0.0 if policy.drop_policy is DropPolicy.TAIL else self.pressure()
+            predicted = 0.0
+            if pressure >= self._policy.pressure.shed_above and self._drain.warm(now):
+                predicted = self._drain.wait_estimate(
+                    prio, now, ahead=len(q), queued_above=self._queued_above(prio)
+                )
+            code = admission_code(
+                policy,
+                self._policy.pressure,
+                queued=len(q),
+                can_dispatch_now=self._dispatcher.has_free_slot(prio),
+                pressure=pressure,
+                predicted_wait_s=predicted,
+                patience_s=patience,
+            )
+        if code is not None:
+            self._quotas.refund(req.tenant, footprint, now)
+            return self._refuse(counters, code, self._retry_after(prio, now, code, patience))
+
+        self._seq += 1
+        rec = RequestRecord(
+            req,
+            seq=self._seq,
+            now=now,
+            prompt_est=prompt,
+            expected_output=expected_out,
+            cost=footprint,
+        )
+        self._records[rid] = rec
+        q.push(rec)
+        counters.admitted += 1
+        return Admission.ok()
+
+    def _refuse(self, counters: ClassCounters, code: RejectCode, retry_s: float) -> Admission:
+        _bump(counters.rejected, code.value)
+        return Admission(queued=False, code=code, retry_after_s=retry_s)
+
+    def _queued_above(self, prio: int) -> int:
+        return sum(len(self._queues[p]) for p in range(prio))
+
+    def _retry_after(
+        self, prio: int, now: float, code: RejectCode | None, patience: float | None = None
+    ) -> float:
+        """Retry-After for a refusal of this cause (retry_after.py has the rule): how far
+        the queue must drain before such a newcomer is accepted, over the net drain."""
+        q = self._queues[prio]
+        timeout = q.policy.timeout
+        excess = refusal_excess(
+            code,
+            queued=len(q),
+            max_queue_size=q.policy.max_queue_size,
+            patience_s=timeout if patience is None else patience,
+            class_rate=self._drain.rate(prio, now),
+            queued_total=sum(len(x) for x in self._queues),
+            limit_total=self._dispatcher.limit_total,
+            fast_reject_above=self._policy.pressure.fast_reject_above,
+        )
+        return self._drain.retry_after(prio, now, excess=excess, timeout_s=timeout)
+
+    # -- dispatch and expiry -----------------------------------------------------------
+
+    def _slacks(self) -> list[float]:
+        """Per priority: how much earlier than its deadline a queued request is dropped."""
+        ttft = self._ttft.get(0.0)
+        return [head_slack(q.policy, ttft) for q in self._queues]
+
+    def dispatch(self) -> list[Assignment]:
+        now = self._clock.now()
+        self._check_alarms(now)
+        slacks = self._slacks()
+        self._collect_due(now, slacks)
+        placed, dropped = self._dispatcher.dispatch(self._queues, now, slacks)
+        for rec in dropped:
+            self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
+        out: list[Assignment] = []
+        for rec, b in placed:
+            rec.state = RequestState.INFLIGHT
+            rec.dispatched_at = now
+            rec.inflight_at_send = b.inflight
+            prio = rec.priority
+            self._counters[prio].dispatched += 1
+            self._drain.record_dispatch(prio, now)
+            alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
+            if alarm is not None:
+                heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
+            out.append(Assignment(rec.request_id, b.name, now - rec.enqueued_at))
+        return out
+
+    def expire(self) -> list[Rejection]:
+        now = self._clock.now()
+        self._check_alarms(now)
+        self._collect_due(now, self._slacks())
+        out, self._pending = self._pending, []
+        return out
+
+    def next_wakeup(self) -> float | None:
+        if self._pending:
+            return self._clock.now()
+        at: float | None = None
+        for q, slack in zip(self._queues, self._slacks(), strict=True):
+            t = q.next_due(slack)
+            if t is not None and (at is None or t < at):
+                at = t
+        alarms = self._alarms
+        while alarms and not self._alarm_live(alarms[0]):
+            heapq.heappop(alarms)
+        if alarms and (at is None or alarms[0][0] < at):
+            at = alarms[0][0]
+        return at
+
+    def _collect_due(self, now: float, slacks: list[float]) -> None:
+        for q, slack in zip(self._queues, slacks, strict=True):
+            if len(q):
+                for rec in q.pop_due(now, slack):
+                    self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
+
+    def _drop(self, rec: RequestRecord, code: RejectCode, now: float) -> None:
+        del self._records[rec.request_id]
+        rec.state = RequestState.GONE
+        _bump(self._counters[rec.priority].dropped, code.value)
+        self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+        self._pending.append(
+            Rejection(
+                rec.request_id,
+                code,
+                self._retry_after(rec.priority, now, code),
+                now - rec.enqueued_at,
+            )
+        )
+
+    def _alarm_live(self, alarm: tuple[float, int, str]) -> bool:
+        rec = self._records.get(alarm[2])
+        return (
+            rec is not None
+            and rec.seq == alarm[1]
+            and rec.state is RequestState.INFLIGHT
+            and rec.first_token_at is None
+        )
+
+    def _check_alarms(self, now: float) -> None:
+        alarms = self._alarms
+        while alarms and alarms[0][0] <= now:
+            alarm = heapq.heappop(alarms)
+            if not self._alarm_live(alarm):
+                continue
+            rec = self._records[alarm[2]]
+            b = rec.backend
+            assert b is not None and rec.dispatched_at is not None
+            b.limiter.on_sample(
+                Sample(
+                    ttft_s=now - rec.dispatched_at,
+                    prompt_tokens=round(rec.prompt_est),
+                    inflight=rec.inflight_at_send,
+                    sent_at=rec.dispatched_at,
+                    extra={"pending": 1.0, "prefill_ahead": rec.prefill_ahead},
+                ),
+                now,
+            )
+            self._dispatcher.refresh(b)
+
+    # -- request lifecycle -------------------------------------------------------------
+
+    def cancel(self, request_id: str) -> None:
+        rec = self._records.pop(request_id, None)
+        if rec is None:
+            return
+        now = self._clock.now()
+        counters = self._counters[rec.priority]
+        if rec.state is RequestState.QUEUED:
+            self._queues[rec.priority].remove(request_id)
+            counters.cancelled_queued += 1
+            self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+        else:
+            self._dispatcher.release(rec, now)
+            counters.cancelled_inflight += 1
+            self._quotas.release(rec.tenant, now)
+        rec.state = RequestState.GONE
+
+    def on_first_token(self, request_id: str) -> None:
+        rec = self._records.get(request_id)
+        if rec is None or rec.state is not RequestState.INFLIGHT or rec.first_token_at is not None:
+            return
+        now = self._clock.now()
+        assert rec.dispatched_at is not None and rec.backend is not None
+        self._dispatcher.prefilled(rec)
+        rec.first_token_at = now
+        ttft = now - rec.dispatched_at
+        self._ttft.update(ttft)
+        b = rec.backend
+        b.limiter.on_sample(
+            Sample(
+                ttft_s=ttft,
+                prompt_tokens=round(rec.prompt_est),
+                inflight=rec.inflight_at_send,
+                sent_at=rec.dispatched_at,
+                extra={"prefill_ahead": rec.prefill_ahead},
+            ),
+            now,
+        )
+        self._dispatcher.refresh(b)
+
+    def on_finish(
+        self,
+        request_id: str,
+        outcome: Outcome,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        rec = self._records.get(request_id)
+        if rec is None or rec.state is not RequestState.INFLIGHT:
+            return
+        del self._records[request_id]
+        rec.state = RequestState.GONE
+        now = self._clock.now()
+        b = rec.backend
+        assert b is not None and rec.dispatched_at is not None
+        self._dispatcher.release(rec, now)
+        _bump(self._counters[rec.priority].finished, outcome.value)
+        if outcome is Outcome.OK:
+            self._cost.observe(
+                rec.tenant, rec.model, rec.info.prompt_tokens, prompt_tokens, completion_tokens
+            )
+        if prompt_tokens is not None or completion_tokens is not None:
+            used = (prompt_tokens or 0) + (completion_tokens or 0)
+            self._quotas.settle(rec.tenant, used - rec.quota_tokens, now)
+        self._quotas.release(rec.tenant, now)
+        if outcome is Outcome.CANCELLED:
+            return  # no latency signal
+        e2e = now - rec.dispatched_at
+        ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
+        tpot = None
+        if ttft is not None and completion_tokens is not None and completion_tokens >= 2:
+            tpot = (e2e - ttft) / (completion_tokens - 1)
+        b.limiter.on_sample(
+            Sample(
+                ttft_s=ttft,
+                tpot_s=tpot,
+                prompt_tokens=prompt_tokens if prompt_tokens is not None else round(rec.prompt_est),
+                completion_tokens=completion_tokens or 0,
+                inflight=rec.inflight_at_send,
+                dropped=outcome in _DROP_OUTCOMES,
+                sent_at=rec.dispatched_at,
+                e2e_s=e2e,
+            ),
+            now,
+        )
+        self._dispatcher.refresh(b)
+
+    # -- state -------------------------------------------------------------------------
+
+    def _pressure_inputs(self, now: float) -> PressureInputs:
+        d = self._dispatcher
+        queued = 0
+        ratio = 0.0
+        for q in self._queues:
+            n = len(q)
+            if n:
+                queued += n
+                r = q.head_sojourn(now) / q.policy.timeout
+                if r > ratio:
+                    ratio = r
+        cong = self._congestion_sum / self._congestion_n if self._congestion_n else 0.0
+        return PressureInputs(
+            inflight=d.inflight_total,
+            limit_total=d.limit_total,
+            queued=queued,
+            max_sojourn_ratio=ratio,
+            backend_congestion=cong,
+        )
+
+    def pressure(self) -> float:
+        return compute_pressure(self._pressure_inputs(self._clock.now()))
+
+    def state_of(self, request_id: str) -> RequestState:
+        rec = self._records.get(request_id)
+        return RequestState.GONE if rec is None else rec.state
+
+    def backend_of(self, request_id: str) -> str | None:
+        rec = self._records.get(request_id)
+        if rec is None or rec.backend is None:
+            return None
+        return rec.backend.name
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self._clock.now()
+        classes: dict[str, Any] = {}
+        for q, c in zip(self._queues, self._counters, strict=True):
+            prio = q.priority
+            classes[CLASS_NAMES[prio]] = {
+                "name": q.policy.name,
+                "queued": len(q),
+                "head_sojourn_s": q.head_sojourn(now),
+                "dispatch_rate": self._drain.rate(prio, now),
+                "arrival_rate": self._drain.arrival_rate(prio, now),
+                "retry_after_s": self._retry_after(prio, now, None),
+                "tenants_queued": q.tenant_depths(),
+                **c.as_dict(),
+            }
+        backends: dict[str, Any] = {}
+        for b in self._dispatcher.backends.values():
+            m = b.last_metrics if b.metrics_fresh else None
+            backends[b.name] = {
+                "healthy": b.healthy,
+                "limit": b.limit,
+                "inflight": b.inflight,
+                "inflight_tokens": b.inflight_tokens,
+                "kv_budget_tokens": b.kv_budget,
+                "kv_usage": None if m is None else m.kv_usage,
+                "waiting": None if m is None else m.waiting,
+                "metrics_fresh": b.metrics_fresh,
+                "models": sorted(b.models),
+            }
+            describe = getattr(b.limiter, "describe", None)
+            if describe is not None:
+                backends[b.name]["limiter"] = describe()
+        return {
+            "pressure": self.pressure(),
+            "algorithm": self._policy.limiter.algorithm,
+            "expected_ttft_s": self._ttft.get(0.0),
+            "aged_dispatches": self._dispatcher.aged_dispatches,
+            "classes": classes,
+            "backends": backends,
+        }
+
+    # -- hot reload --------------------------------------------------------------------
+
+    def apply_policy(self, policy: Policy) -> None:
+        """New sizes, timeouts, drop policies, thresholds, reservations, quotas and limiter
+        settings; queued and in-flight requests stay where they are (a queue over its new
+        size keeps its requests and refuses newcomers until it is below)."""
+        now = self._clock.now()
+        old = self._policy
+        self._policy = policy
+        for q in self._queues:
+            q.policy = policy.queue(q.priority)
+        d = self._dispatcher
+        d.aging_after_s = policy.dispatcher.aging_after
+        d.set_reserved(policy.dispatcher.reserved.p0)
+        for b in d.backends.values():
+            if hasattr(b.limiter, "usable_share"):
+                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0  # type: ignore[attr-defined]
+        self._quotas.set_limits(policy.tenants, now)
+        if policy.limiter != old.limiter:
+            for b in d.backends.values():
+                b.limiter = self._new_limiter(b.name, initial=b.limit)
+                b.limiter.on_release(b.inflight, now)
+                if b.metrics_fresh and b.last_metrics is not None:
+                    b.limiter.on_metrics(b.last_metrics, now)
+                d.refresh(b)

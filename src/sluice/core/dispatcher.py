@@ -1,0 +1,244 @@
+"""The dispatcher: which queued request goes next, and to which backend.
+
+Rules (docs/overload.md):
+  * Strict priority: P0's next request first, then P1's, then P2's. When a class's next
+    request cannot be placed, lower classes may only use backends that do not serve its
+    model (they would take what it is waiting for).
+  * Reserved P0 slots: P1 and P2 may fill a backend only up to
+    cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
+    (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget.
+  * Aging guard: while P0 has requests waiting and P1's oldest request has waited longer
+    than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
+    request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
+    `aging_every` slots freed under a P0 flood; P2 has no aging (it is shed first).
+  * Within a class, the class queue's deficit round robin picks the request.
+  * Backend choice: among healthy backends serving the model with a free slot for the
+    class and room in their KV budget, the one with the fewest requests in flight; ties
+    go to the fewest estimated tokens in flight, then to the name. A backend with nothing
+    in flight takes any request whatever its KV budget (or it could never serve it).
+
+Cost: the backends with a free slot are kept in two dicts updated on every change, so a
+dispatch call with no free slot is O(1) and a placement is O(backends with a free slot).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from sluice.core.backend_state import BackendState
+from sluice.core.class_queue import ClassQueue
+from sluice.core.request_record import RequestRecord
+
+
+def low_cap(limit: int, reserved_p0: float) -> int:
+    """In-flight requests P1/P2 may have on a backend of this limit."""
+    return max(1, math.floor(limit * (1.0 - reserved_p0) + 1e-9))
+
+
+class Dispatcher:
+    def __init__(
+        self, *, reserved_p0: float = 0.2, aging_after_s: float = 10.0, aging_every: int = 5
+    ) -> None:
+        if aging_every < 1:
+            raise ValueError("aging_every must be at least 1")
+        self.reserved_p0 = reserved_p0
+        self.aging_after_s = aging_after_s
+        self.aging_every = aging_every
+        self.backends: dict[str, BackendState] = {}
+        self._open_all: dict[str, BackendState] = {}
+        self._open_low: dict[str, BackendState] = {}
+        self._served_models: set[str] = set()
+        self._any_model = False  # a healthy backend serves any model
+        self._p0_since_aged = 0
+        self.aged_dispatches = 0
+        self.inflight_total = 0  # over healthy backends
+        self.limit_total = 0  # sum of the limits of healthy backends
+
+    # -- the backend registry ----------------------------------------------------------
+
+    def add(self, b: BackendState) -> None:
+        self.backends[b.name] = b
+        self.refresh(b)
+        self._recount_models()
+
+    def remove(self, name: str) -> BackendState | None:
+        b = self.backends.pop(name, None)
+        if b is not None:
+            b.removed = True
+            self.refresh(b)  # leaves the free-slot sets and the totals
+            self._recount_models()
+        return b
+
+    def set_health(self, b: BackendState, healthy: bool) -> None:
+        b.healthy = healthy
+        self.refresh(b)
+        self._recount_models()
+
+    def set_models(self, b: BackendState, models: Sequence[str]) -> None:
+        b.models = frozenset(models)
+        self._recount_models()
+
+    def _recount_models(self) -> None:
+        served: set[str] = set()
+        any_model = False
+        for b in self.backends.values():
+            if b.healthy:
+                if b.models:
+                    served |= b.models
+                else:
+                    any_model = True
+        self._served_models = served
+        self._any_model = any_model
+
+    def serves(self, model: str) -> bool:
+        """Some healthy backend serves this model."""
+        return self._any_model or model in self._served_models
+
+    def refresh(self, b: BackendState) -> None:
+        """Re-read the limiter and update the free-slot sets."""
+        limit = b.limiter.limit
+        if limit != b.limit or b.cap_low < 0:
+            b.limit = limit
+            b.cap_low = low_cap(limit, self.reserved_p0)
+        b.kv_budget = b.limiter.kv_budget_tokens
+        name = b.name
+        usable = b.healthy and not b.removed
+        # Totals over usable backends, kept incrementally so pressure is O(1).
+        new_inflight = b.inflight if usable else 0
+        new_limit = limit if usable else 0
+        self.inflight_total += new_inflight - b.counted_inflight
+        self.limit_total += new_limit - b.counted_limit
+        b.counted_inflight = new_inflight
+        b.counted_limit = new_limit
+        if usable and b.inflight < limit:
+            self._open_all[name] = b
+        else:
+            self._open_all.pop(name, None)
+        if usable and b.inflight < b.cap_low:
+            self._open_low[name] = b
+        else:
+            self._open_low.pop(name, None)
+
+    def set_reserved(self, reserved_p0: float) -> None:
+        self.reserved_p0 = reserved_p0
+        for b in self.backends.values():
+            b.cap_low = -1  # recompute
+            self.refresh(b)
+
+    def has_free_slot(self, priority: int) -> bool:
+        return bool(self._open_all if priority == 0 else self._open_low)
+
+    # -- accounting --------------------------------------------------------------------
+
+    def assign(self, rec: RequestRecord, b: BackendState, now: float) -> None:
+        b.inflight += 1
+        b.inflight_tokens += rec.cost
+        rec.backend = b
+        rec.prefill_ahead = b.prefill_tokens
+        b.prefill_tokens += rec.prompt_est
+        b.limiter.on_dispatch(b.inflight, rec.cost, now)
+        self.refresh(b)
+
+    def release(self, rec: RequestRecord, now: float) -> None:
+        b = rec.backend
+        if b is None:
+            return
+        b.inflight -= 1
+        b.inflight_tokens -= rec.cost
+        if rec.first_token_at is None:
+            self.prefilled(rec)
+        if b.inflight == 0:
+            b.prefill_tokens = 0.0  # no float drift left behind
+        b.limiter.on_release(b.inflight, now)
+        self.refresh(b)
+
+    def prefilled(self, rec: RequestRecord) -> None:
+        """The request's prompt is no longer waiting (first token, or it left)."""
+        b = rec.backend
+        if b is not None:
+            b.prefill_tokens = max(0.0, b.prefill_tokens - rec.prompt_est)
+
+    # -- choosing ----------------------------------------------------------------------
+
+    def place(
+        self, rec: RequestRecord, full_rights: bool, blocked_models: set[str] | None = None
+    ) -> BackendState | None:
+        """The backend this request would go to now, or None."""
+        cands = self._open_all if full_rights else self._open_low
+        share = 1.0 if full_rights else 1.0 - self.reserved_p0
+        model = rec.model
+        cost = rec.cost
+        best: BackendState | None = None
+        for b in cands.values():
+            models = b.models
+            if models:
+                if model not in models:
+                    continue
+                if blocked_models and not models.isdisjoint(blocked_models):
+                    continue
+            elif blocked_models:
+                continue
+            budget = b.kv_budget
+            if budget is not None and b.inflight and b.inflight_tokens + cost > budget * share:
+                continue
+            if best is None:
+                best = b
+            elif b.inflight != best.inflight:
+                if b.inflight < best.inflight:
+                    best = b
+            elif b.inflight_tokens != best.inflight_tokens:
+                if b.inflight_tokens < best.inflight_tokens:
+                    best = b
+            elif b.name < best.name:
+                best = b
+        return best
+
+    def dispatch(
+        self,
+        queues: Sequence[ClassQueue],
+        now: float,
+        slacks: Sequence[float],
+    ) -> tuple[list[tuple[RequestRecord, BackendState]], list[RequestRecord]]:
+        """Pop what can go now. Returns (placements, requests found due and dropped)."""
+        placed: list[tuple[RequestRecord, BackendState]] = []
+        dropped: list[RequestRecord] = []
+        q0, q1 = queues[0], queues[1]
+        while self._open_all:
+            aged = False
+            if q1 and q0:
+                oldest = q1.oldest()
+                aged = oldest is not None and now - oldest.enqueued_at > self.aging_after_s
+            if not aged:
+                self._p0_since_aged = 0
+            guard = aged and self._p0_since_aged >= self.aging_every - 1
+            blocked: set[str] = set()
+            progress = False
+            for q in (q1, q0, queues[2]) if guard else queues:
+                rec = q.peek()
+                if rec is None:
+                    continue
+                if q.is_due(rec, now, slacks[q.priority]):
+                    q.remove(rec.request_id)
+                    dropped.append(rec)
+                    progress = True
+                    break
+                full = q.priority == 0 or (guard and q is q1)
+                b = self.place(rec, full, blocked)
+                if b is None:
+                    if not (guard and q is q1):  # a failed aged turn does not block P0
+                        blocked.add(rec.model)
+                    continue
+                q.pop()
+                self.assign(rec, b, now)
+                placed.append((rec, b))
+                if q is q1 and guard:
+                    self._p0_since_aged = 0
+                    self.aged_dispatches += 1
+                elif q is q0 and aged:
+                    self._p0_since_aged += 1
+                progress = True
+                break
+            if not progress:
+                break
+        return placed, dropped

@@ -1,0 +1,311 @@
+"""`sluice`: Sluice's default limiter (docs/limiter.md explains the design and why).
+
+Signals, from fastest to slowest:
+  * TTFT of each request at its first token, against what the backend's current state
+    explains: E = step_wait * step + base * (prefill_ahead + prompt_tokens + fixed), where
+    `step` is the TPOT EWMA (the engine's current step time: a new request waits for the
+    step in progress, then its prefill shares steps with the running decodes),
+    `prefill_ahead` the prompt tokens sent to the backend before it still without a first
+    token (a short prompt behind a long one waits for that prefill: head-of-line
+    blocking, not congestion), and `base` the per-token TTFT of a request's own prompt,
+    a windowed minimum re-measured every probe interval with jitter (never a minimum kept
+    forever). The
+    ratio x = ttft / E is about 1 without queueing at any load; its EWMA `short` jumps
+    when the backend starts queueing requests.
+  * A pending TTFT: a request still without its first token after ttft_alarm_ratio * E;
+    the controller reports it, so a backend that starts queueing is seen before its first
+    slow answer returns.
+  * TPOT of each request at its end (EWMA), against a target: the larger of
+    `tpot_target_s` (30 ms: the EWMA is a mean, kept well inside the 100 ms interactive
+    SLO so that its tail and long answers stay inside too) and tpot_base_ratio * its
+    windowed-min base (a slow model is not held at the minimum).
+  * Drops (error, timeout, backend refusal).
+  * Each metrics scrape: waiting > waiting_tolerance, KV usage >= kv_high, a rising
+    preemption counter, or (when waiting is not exported) more requests in flight than
+    the backend runs: hard congestion.
+
+Control:
+  * Cut (limit *= decrease) when: short > ttft_jump (queueing starts), a pending TTFT,
+    TPOT EWMA > its target, a drop, or hard congestion. At most once per
+    `cut_interval_s`; a latency or drop sample only cuts when its request was sent after
+    the last cut (older ones describe the old limit); a hard signal only cuts when
+    in-flight <= limit (the last cut has taken effect). One burst of bad signals costs one
+    cut, not a collapse to the minimum.
+  * Grow only on a good first-token sample (short <= ttft_grow_below, TPOT EWMA <=
+    tpot_grow_below * target, no hard signal in the last scrape, KV usage below kv_low)
+    and only while in-flight >= near_limit * usable_share * limit (usable_share = 1 -
+    reserved.p0: what queued P1/P2 requests may fill): +1 per sample until the first cut
+    (slow start: the limit can follow the arrivals), then +min(1, growth / sqrt(limit)).
+  * KV budget: when the backend reports num_gpu_blocks and block_size, in-flight
+    estimated KV tokens may not exceed kv_budget_fraction of capacity (the dispatcher
+    checks it per request), and the limit is also capped at
+    budget / EWMA(footprint of dispatched requests), so it falls at once when prompts grow.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from sluice.core.ewma import Ewma
+from sluice.core.limiters.base import LimiterBase
+from sluice.core.limiters.windowed_min import WindowedMin
+from sluice.core.types import BackendMetrics, Sample
+
+
+class SluiceLimiter(LimiterBase):
+    def __init__(
+        self,
+        min_limit: int,
+        max_limit: int,
+        initial_limit: int,
+        *,
+        prompt_fixed_tokens: float = 64.0,
+        step_wait: float = 1.5,
+        ttft_alpha: float = 0.5,
+        ttft_grow_below: float = 1.5,
+        ttft_jump: float = 3.0,
+        ttft_alarm_ratio: float = 4.0,
+        tpot_alpha: float = 0.3,
+        tpot_target_s: float = 0.03,
+        tpot_base_ratio: float = 3.0,
+        tpot_grow_below: float = 0.8,
+        decrease: float = 0.8,
+        cut_interval_s: float = 0.25,
+        near_limit: float = 0.8,
+        usable_share: float = 1.0,
+        growth: float = 4.0,
+        probe_interval_s: float = 30.0,
+        probe_jitter: float = 0.5,
+        kv_high: float = 0.9,
+        kv_low: float = 0.8,
+        waiting_tolerance: float = 0.0,
+        kv_budget_fraction: float = 0.8,
+        footprint_alpha: float = 0.5,
+        seed: int | str = 0,
+    ) -> None:
+        if not 1 <= min_limit <= initial_limit <= max_limit:
+            raise ValueError("need 1 <= min_limit <= initial_limit <= max_limit")
+        if not 0 < decrease < 1:
+            raise ValueError("decrease must be in (0, 1)")
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.prompt_fixed_tokens = prompt_fixed_tokens
+        self.step_wait = step_wait
+        self.ttft_grow_below = ttft_grow_below
+        self.ttft_jump = ttft_jump
+        self.ttft_alarm_ratio = ttft_alarm_ratio
+        self.tpot_target_s = tpot_target_s
+        self.tpot_base_ratio = tpot_base_ratio
+        self.tpot_grow_below = tpot_grow_below
+        self.decrease = decrease
+        self.cut_interval_s = cut_interval_s
+        self.near_limit = near_limit
+        # the share of the limit queued P1/P2 requests may use (1 - reserved.p0): "near
+        # the limit" is judged against it, or an idle P0 reservation would stop growth
+        self.usable_share = usable_share
+        self.growth = growth
+        self.kv_high = kv_high
+        self.kv_low = kv_low
+        self.waiting_tolerance = waiting_tolerance
+        self.kv_budget_fraction = kv_budget_fraction
+
+        rng = random.Random(seed)
+        self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
+        self._tpot_base = WindowedMin(probe_interval_s, probe_jitter, rng)
+        self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
+        self._tpot = Ewma(tpot_alpha)
+        self._footprint = Ewma(footprint_alpha)
+
+        self._limit = float(initial_limit)
+        self._effective = initial_limit
+        self._slow_start = True
+        self._last_cut_at = -math.inf
+        self._inflight = 0
+        self._kv_capacity: float | None = None
+        self._kv_usage: float | None = None
+        self._hard = False  # the last scrape showed hard congestion
+        self._preemptions_seen: float | None = None
+        self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
+        self.last_cut_reason = ""
+        self.cut_reasons: dict[str, int] = {}
+
+    # -- what the controller reads ---------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        return self._effective
+
+    @property
+    def kv_budget_tokens(self) -> float | None:
+        cap = self._kv_capacity
+        return None if cap is None else cap * self.kv_budget_fraction
+
+    @property
+    def latency_limit(self) -> float:
+        """The limit before the KV cap (for inspection)."""
+        return self._limit
+
+    @property
+    def ttft_base(self) -> float | None:
+        """Base normalised TTFT in seconds per token (for inspection)."""
+        return self._ttft_base.peek()
+
+    @property
+    def ttft_ratio(self) -> float | None:
+        """EWMA of TTFT over its expected value (for inspection)."""
+        return self._ttft.value
+
+    def expected_ttft(self, prefill_tokens: float) -> float | None:
+        """TTFT the backend's state explains for a request waiting for this prefill (its
+        own prompt and the prefill ahead of it); None before any TTFT was seen."""
+        base = self._ttft_base.peek()
+        return None if base is None else self._expected(prefill_tokens, base)
+
+    def _expected(self, prefill_tokens: float, base: float) -> float:
+        step = self._tpot.value or 0.0
+        return self.step_wait * step + base * (prefill_tokens + self.prompt_fixed_tokens)
+
+    def tpot_target(self, now: float) -> float:
+        """TPOT above which the limit is cut."""
+        base = self._tpot_base.value(now)
+        rel = 0.0 if base is None else base * self.tpot_base_ratio
+        return max(self.tpot_target_s, rel)
+
+    def describe(self) -> dict[str, object]:
+        """Internal state for the snapshot (JSON-able)."""
+        return {
+            "latency_limit": self._limit,
+            "slow_start": self._slow_start,
+            "cuts": self.cuts,
+            "last_cut_reason": self.last_cut_reason,
+            "cut_reasons": dict(self.cut_reasons),
+            "ttft_base_s_per_token": self._ttft_base.peek(),
+            "ttft_ratio_ewma": self._ttft.value,
+            "tpot_base_s": self._tpot_base.peek(),
+            "tpot_ewma_s": self._tpot.value,
+            "kv_capacity_tokens": self._kv_capacity,
+        }
+
+    def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
+        expected = self.expected_ttft(prefill_tokens)
+        return None if expected is None else self.ttft_alarm_ratio * expected
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
+        self._inflight = inflight
+        self._footprint.update(float(footprint_tokens))
+        if self._kv_capacity is not None:
+            self._recompute()
+
+    def on_release(self, inflight: int, now: float) -> None:
+        self._inflight = inflight
+
+    def on_sample(self, sample: Sample, now: float) -> None:
+        if sample.dropped:
+            self._cut(now, sample.sent_at, "drop")
+            return
+        if sample.extra.get("pending"):
+            self._cut(now, sample.sent_at, "ttft-pending")
+            return
+        if sample.e2e_s is None:
+            if sample.ttft_s is not None:
+                self._on_ttft(sample, now)
+            return
+        if sample.tpot_s is not None and sample.tpot_s > 0:
+            self._tpot_base.update(sample.tpot_s, now)
+            ewma = self._tpot.update(sample.tpot_s)
+            if ewma > self.tpot_target(now):
+                self._cut(now, sample.sent_at, "tpot")
+                return
+        if sample.ttft_s is None:
+            # No first-token sample came for this request (non-streaming): the end is its
+            # only chance to count as evidence that the limit can grow.
+            self._maybe_grow(now)
+
+    def _on_ttft(self, sample: Sample, now: float) -> None:
+        ttft: float = sample.ttft_s  # type: ignore[assignment]
+        work = sample.prompt_tokens + sample.extra.get("prefill_ahead", 0.0)
+        # judged against the base before this sample (a jump is not its own base), once
+        # the base window has moved on to `now`
+        base = self._ttft_base.value(now)
+        # the base learns from the request's own prompt only: an engine that prefills
+        # several prompts in one step would otherwise drag it toward zero
+        self._ttft_base.update(ttft / (sample.prompt_tokens + self.prompt_fixed_tokens), now)
+        if not base:
+            return
+        expected = self._expected(work, base)
+        short = self._ttft.update(ttft / expected)
+        if short > self.ttft_jump:
+            self._cut(now, sample.sent_at, "ttft")
+        elif short <= self.ttft_grow_below:
+            self._maybe_grow(now)
+
+    def on_metrics(self, m: BackendMetrics, now: float) -> None:
+        if m.num_gpu_blocks and m.block_size:
+            self._kv_capacity = float(m.num_gpu_blocks * m.block_size)
+        self._kv_usage = m.kv_usage
+        reason = ""
+        if m.waiting is not None and m.waiting > self.waiting_tolerance:
+            reason = "waiting"
+        elif m.kv_usage is not None and m.kv_usage >= self.kv_high:
+            reason = "kv"
+        elif (
+            m.waiting is None
+            and m.running is not None
+            and self._inflight - m.running > max(2.0, 0.1 * self._inflight)
+        ):
+            reason = "inflight>running"
+        if m.preemptions_total is not None:
+            seen = self._preemptions_seen
+            if seen is not None and m.preemptions_total > seen and not reason:
+                reason = "preemption"
+            self._preemptions_seen = m.preemptions_total
+        self._hard = bool(reason)
+        if reason and self._inflight <= self._effective:
+            self._cut(now, None, reason)
+        self._recompute()
+
+    def on_metrics_stale(self, now: float) -> None:
+        # Latency-only control: forget what the last scrape said (capacity is static).
+        self._kv_usage = None
+        self._hard = False
+        self._preemptions_seen = None
+
+    # -- control ---------------------------------------------------------------------
+
+    def _cut(self, now: float, sent_at: float | None, reason: str) -> None:
+        if sent_at is not None and sent_at < self._last_cut_at:
+            return  # this request was sent under the old limit
+        if now - self._last_cut_at < self.cut_interval_s:
+            return
+        self._limit = max(float(self.min_limit), self._limit * self.decrease)
+        self._last_cut_at = now
+        self._slow_start = False
+        self.cuts += 1
+        self.last_cut_reason = reason
+        self.cut_reasons[reason] = self.cut_reasons.get(reason, 0) + 1
+        self._recompute()
+
+    def _maybe_grow(self, now: float) -> None:
+        if self._hard:
+            return
+        if self._kv_usage is not None and self._kv_usage >= self.kv_low:
+            return
+        if self._inflight < self.near_limit * max(1.0, self.usable_share * self._limit):
+            return
+        tpot = self._tpot.value
+        if tpot is not None and tpot > self.tpot_grow_below * self.tpot_target(now):
+            return
+        step = 1.0 if self._slow_start else min(1.0, self.growth / math.sqrt(self._limit))
+        self._limit = min(float(self.max_limit), self._limit + step)
+        self._recompute()
+
+    def _recompute(self) -> None:
+        eff = math.floor(self._limit)
+        budget = self.kv_budget_tokens
+        fp = self._footprint.value
+        if budget is not None and fp:
+            eff = min(eff, math.floor(budget / fp))
+        self._effective = max(self.min_limit, eff)

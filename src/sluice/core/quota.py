@@ -1,0 +1,159 @@
+"""Tenant quotas: requests per minute, tokens per minute, open requests.
+
+The interface (`TenantQuotas`) is small so that a Redis-backed store, shared by several
+gateway replicas, can replace the in-process one later:
+
+    acquire(tenant, tokens, now) -> QuotaDecision   check and, when ok, charge at once
+    refund(tenant, tokens, now)                     the request never ran: give back its
+                                                    request, its tokens and its slot
+    settle(tenant, delta_tokens, now)               actual - charged tokens, at the end
+    release(tenant, now)                            an admitted request left (its slot)
+
+`InProcessQuotas` keeps one token bucket per limit: capacity = the per-minute amount,
+refilled continuously at amount/60 per second (a minute's worth may come in a burst).
+A request needs 1 request-token and `min(tokens, capacity)` tokens (a request larger
+than a whole minute's quota waits for a full bucket, then runs and leaves the bucket in
+debt). maxConcurrency counts admitted requests that have not left (queued or in flight).
+The retry-after of a refusal is the time the buckets need to refill what is missing
+(for maxConcurrency, which has no window: `concurrency_retry_s`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sluice.config import Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaDecision:
+    ok: bool
+    retry_after_s: float = 0.0
+
+
+class TenantQuotas(Protocol):
+    def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None: ...
+    def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision: ...
+    def refund(self, tenant: str, tokens: int, now: float) -> None: ...
+    def settle(self, tenant: str, delta_tokens: int, now: float) -> None: ...
+    def release(self, tenant: str, now: float) -> None: ...
+
+
+class TokenBucket:
+    __slots__ = ("at", "capacity", "level", "rate")
+
+    def __init__(self, per_minute: float, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.level = self.capacity
+        self.at = now
+
+    def refill(self, now: float) -> None:
+        if now > self.at:
+            self.level = min(self.capacity, self.level + (now - self.at) * self.rate)
+            self.at = now
+
+    def wait_for(self, amount: float) -> float:
+        """Seconds until `amount` is available (after refill)."""
+        need = min(amount, self.capacity) - self.level
+        return 0.0 if need <= 0 else need / self.rate
+
+    def resize(self, per_minute: float, now: float) -> None:
+        self.refill(now)
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.level = min(self.level, self.capacity)
+
+
+class _TenantState:
+    __slots__ = ("max_concurrency", "open", "requests", "tokens")
+
+    def __init__(self) -> None:
+        self.requests: TokenBucket | None = None
+        self.tokens: TokenBucket | None = None
+        self.max_concurrency = 0
+        self.open = 0
+
+
+class InProcessQuotas:
+    def __init__(self, tenants: Iterable[Tenant] = (), *, concurrency_retry_s: float = 1.0):
+        self.concurrency_retry_s = concurrency_retry_s
+        self._state: dict[str, _TenantState] = {}
+        self._limits: dict[str, Tenant] = {}
+        self.set_limits(tenants)
+
+    def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None:
+        self._limits = {t.name: t for t in tenants}
+        for name, st in self._state.items():
+            self._apply(st, self._limits.get(name), now)
+
+    def _apply(self, st: _TenantState, t: Tenant | None, now: float) -> None:
+        rpm = t.requests_per_minute if t else 0
+        tpm = t.tokens_per_minute if t else 0
+        st.max_concurrency = t.max_concurrency if t else 0
+        if rpm <= 0:
+            st.requests = None
+        elif st.requests is None:
+            st.requests = TokenBucket(rpm, now)
+        else:
+            st.requests.resize(rpm, now)
+        if tpm <= 0:
+            st.tokens = None
+        elif st.tokens is None:
+            st.tokens = TokenBucket(tpm, now)
+        else:
+            st.tokens.resize(tpm, now)
+
+    def _get(self, tenant: str, now: float) -> _TenantState:
+        st = self._state.get(tenant)
+        if st is None:
+            st = self._state[tenant] = _TenantState()
+            self._apply(st, self._limits.get(tenant), now)
+        return st
+
+    def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision:
+        st = self._get(tenant, now)
+        if st.max_concurrency and st.open >= st.max_concurrency:
+            return QuotaDecision(False, self.concurrency_retry_s)
+        wait = 0.0
+        if st.requests is not None:
+            st.requests.refill(now)
+            wait = st.requests.wait_for(1.0)
+        if st.tokens is not None:
+            st.tokens.refill(now)
+            wait = max(wait, st.tokens.wait_for(float(tokens)))
+        if wait > 0:
+            return QuotaDecision(False, wait)
+        if st.requests is not None:
+            st.requests.level -= 1.0
+        if st.tokens is not None:
+            st.tokens.level -= tokens
+        st.open += 1
+        return QuotaDecision(True)
+
+    def refund(self, tenant: str, tokens: int, now: float) -> None:
+        st = self._get(tenant, now)
+        if st.requests is not None:
+            st.requests.refill(now)
+            st.requests.level = min(st.requests.capacity, st.requests.level + 1.0)
+        if st.tokens is not None:
+            st.tokens.refill(now)
+            st.tokens.level = min(st.tokens.capacity, st.tokens.level + tokens)
+        self.release(tenant, now)
+
+    def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
+        st = self._get(tenant, now)
+        if st.tokens is not None and delta_tokens:
+            st.tokens.refill(now)
+            st.tokens.level = min(st.tokens.capacity, st.tokens.level - delta_tokens)
+
+    def release(self, tenant: str, now: float) -> None:
+        st = self._state.get(tenant)
+        if st is not None and st.open > 0:
+            st.open -= 1
+
+    def open_requests(self, tenant: str) -> int:
+        st = self._state.get(tenant)
+        return 0 if st is None else st.open

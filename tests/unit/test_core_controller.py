@@ -1,0 +1,252 @@
+"""Controller: the samples it feeds the limiters, backends coming and going, hot reload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sluice.config import LimiterPolicy, Policy
+from sluice.core.clock import FakeClock
+from sluice.core.controller import Controller
+from sluice.core.limiters import LimiterBase, SluiceLimiter
+from sluice.core.request_record import RequestState
+from sluice.core.types import BackendMetrics, Outcome, RequestInfo, Sample
+
+
+def policy(limit: int = 4, algorithm: str = "fixed", **extra: object) -> Policy:
+    doc: dict[str, object] = {
+        "limiter": {"algorithm": algorithm, "fixedLimit": limit, "initialLimit": limit},
+        "dispatcher": {"reserved": {"p0": 0.0}},
+    }
+    doc.update(extra)
+    return Policy.model_validate(doc)
+
+
+def req(rid: str, prio: int = 0, prompt: int = 244, max_tokens: int = 100) -> RequestInfo:
+    return RequestInfo(rid, "t", prio, "m", prompt, max_tokens)
+
+
+class Recorder(LimiterBase):
+    def __init__(self, limit: int = 4) -> None:
+        self.samples: list[tuple[Sample, float]] = []
+        self.events: list[tuple[str, int, float]] = []
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def on_sample(self, sample: Sample, now: float) -> None:
+        self.samples.append((sample, now))
+
+    def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
+        self.events.append(("dispatch", inflight, now))
+
+    def on_release(self, inflight: int, now: float) -> None:
+        self.events.append(("release", inflight, now))
+
+
+def recorded(limit: int = 4) -> tuple[Controller, FakeClock, dict[str, Recorder]]:
+    recs: dict[str, Recorder] = {}
+
+    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Recorder:
+        recs[name] = Recorder(limit)
+        return recs[name]
+
+    clock = FakeClock()
+    return Controller(policy(), clock, ["b0"], limiter_factory=factory), clock, recs
+
+
+def test_samples_at_first_token_and_at_the_end() -> None:
+    c, clock, recs = recorded()
+    c.arrive(req("a"))
+    c.arrive(req("b"))
+    clock.set(1.0)
+    assert [x.queued_s for x in c.dispatch()] == [1.0, 1.0]
+    clock.set(1.2)
+    c.on_first_token("b")
+    c.on_first_token("b")  # a repeat is ignored
+    clock.set(3.2)
+    c.on_finish("b", Outcome.OK, prompt_tokens=250, completion_tokens=101)
+    rec = recs["b0"]
+    (first, t1), (end, t2) = rec.samples
+    assert t1 == 1.2 and t2 == 3.2
+    # "a" was sent first and had no first token yet: its prompt is prefill ahead of "b"
+    assert first == Sample(
+        ttft_s=pytest.approx(0.2),
+        prompt_tokens=244,
+        inflight=2,
+        sent_at=1.0,
+        extra={"prefill_ahead": 244.0},
+    )
+    assert end.e2e_s == pytest.approx(2.2)
+    assert end.ttft_s == pytest.approx(0.2)
+    assert end.tpot_s == pytest.approx(2.0 / 100)
+    assert (end.prompt_tokens, end.completion_tokens, end.inflight) == (250, 101, 2)
+    assert not end.dropped and end.sent_at == 1.0
+    assert rec.events == [("dispatch", 1, 1.0), ("dispatch", 2, 1.0), ("release", 1, 3.2)]
+
+
+def test_errors_are_drops_and_cancellations_give_no_sample() -> None:
+    c, _clock, recs = recorded()
+    for rid in ("err", "timeout", "over", "cancelled", "gone"):
+        c.arrive(req(rid))
+    c.dispatch()
+    c.on_finish("err", Outcome.ERROR)
+    c.on_finish("timeout", Outcome.TIMEOUT)
+    c.on_finish("over", Outcome.OVERLOADED)
+    c.on_finish("cancelled", Outcome.CANCELLED)
+    assert [s.dropped for s, _ in recs["b0"].samples] == [True, True, True]
+    assert recs["b0"].samples[0][0].ttft_s is None  # no first token was seen
+    assert c.state_of("cancelled") is RequestState.GONE
+
+
+def test_unknown_and_repeated_calls_are_no_ops() -> None:
+    c, _clock, _ = recorded()
+    c.cancel("nope")
+    c.on_first_token("nope")
+    c.on_finish("nope", Outcome.OK)
+    c.on_metrics("no-such-backend", BackendMetrics(at=0.0))
+    c.metrics_stale("no-such-backend")
+    c.set_backend_health("no-such-backend", False)
+    c.set_backend_models("no-such-backend", ["x"])
+    c.arrive(req("a"))
+    c.on_finish("a", Outcome.OK)  # still queued: not finished
+    assert c.state_of("a") is RequestState.QUEUED
+    with pytest.raises(ValueError):
+        c.arrive(req("a"))
+    with pytest.raises(ValueError):
+        c.arrive(RequestInfo("x", "t", 3, "m", 1, 1))
+
+
+def test_removing_a_backend_keeps_the_others_counts() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c.arrive(req("a"))
+    c.arrive(req("b"))
+    placed = {x.request_id: x.backend for x in c.dispatch()}
+    assert placed == {"a": "b0", "b": "b1"}
+    c.set_backends(["b1", "b2"])
+    snap = c.snapshot()["backends"]
+    assert set(snap) == {"b1", "b2"}
+    assert snap["b1"]["inflight"] == 1 and snap["b2"]["inflight"] == 0
+    c.on_finish("a", Outcome.OK, 244, 10)  # its backend is gone: no error
+    assert c.state_of("a") is RequestState.GONE
+    c.arrive(req("c"))
+    assert [x.backend for x in c.dispatch()] == ["b2"]
+    c.set_backends([])
+    adm = c.arrive(req("d"))
+    assert adm.code == "no_backend"
+
+
+def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0"])
+    for rid in ("a", "b", "c"):
+        c.arrive(req(rid))
+    c.dispatch()
+    new = Policy.model_validate(
+        {
+            "queues": [
+                {
+                    "priority": 0,
+                    "name": "rt",
+                    "maxQueueSize": 1,
+                    "timeout": "2s",
+                    "dropPolicy": "tail",
+                },
+                {
+                    "priority": 1,
+                    "name": "p1",
+                    "maxQueueSize": 5,
+                    "timeout": "15s",
+                    "dropPolicy": "tail",
+                },
+                {
+                    "priority": 2,
+                    "name": "p2",
+                    "maxQueueSize": 5,
+                    "timeout": "60s",
+                    "dropPolicy": "tail",
+                },
+            ],
+            "limiter": {"algorithm": "fixed", "fixedLimit": 2},
+        }
+    )
+    c.apply_policy(new)
+    assert c.state_of("a") is RequestState.INFLIGHT
+    assert c.state_of("b") is RequestState.QUEUED and c.state_of("c") is RequestState.QUEUED
+    assert c.arrive(req("d")).code == "queue_full"  # 2 queued, new size 1
+    assert [x.request_id for x in c.dispatch()] == ["b"]  # the new limit 2
+    assert c.next_wakeup() == 2.0  # the new timeout applies to those already queued
+    clock.set(2.0)
+    assert [r.request_id for r in c.expire()] == ["c"]
+    assert c.snapshot()["backends"]["b0"]["limit"] == 2
+
+
+def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=6), clock, ["b0"])
+    c.apply_policy(policy(algorithm="sluice", limiter={"algorithm": "sluice", "maxLimit": 50}))
+    assert c.snapshot()["backends"]["b0"]["limit"] == 6
+    assert c.snapshot()["algorithm"] == "sluice"
+
+
+def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
+    clock = FakeClock()
+    c = Controller(
+        policy(algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}),
+        clock,
+        ["b0"],
+        limiter_kwargs={"sluice": {"probe_jitter": 0.0}},
+    )
+    for i in range(12):
+        c.arrive(req(f"r{i}", prompt=436))
+    assert len(c.dispatch()) == 10
+    limiter = c._dispatcher.backends["b0"].limiter
+    assert isinstance(limiter, SluiceLimiter)
+    clock.set(0.05)
+    # r0 went first: nothing ahead; TTFT 0.05 s for 436 + 64 tokens: base 1e-4 s/token
+    c.on_first_token("r0")
+    assert limiter.ttft_base == pytest.approx(1e-4)
+    c.on_finish("r0", Outcome.OK, 436, 1)
+    assert [x.request_id for x in c.dispatch()] == ["r10"]
+    # r10 waits for the 9 prompts ahead of it (none has a first token) and its own:
+    # expected 1e-4 * (10 * 436 + 64) s; overdue after 4 times that
+    alarm = 0.05 + 4 * 1e-4 * (10 * 436 + 64)
+    # (r1..r9 were sent before there was a base: they carry no alarm)
+    assert c.next_wakeup() == pytest.approx(alarm)
+    clock.set(alarm)
+    assert c.expire() == []
+    assert limiter.cuts == 1
+    assert limiter.last_cut_reason == "ttft-pending"
+    assert c.snapshot()["backends"]["b0"]["limit"] == 8  # 10 * 0.8
+    assert c.dispatch() == []  # 10 in flight > 8
+    clock.set(alarm + 1.0)
+    c.on_metrics("b0", BackendMetrics(at=clock.now(), waiting=3, running=7))
+    assert limiter.cuts == 1  # 10 in flight: the last cut is still draining
+    for rid in ("r1", "r2"):
+        c.on_finish(rid, Outcome.OK, 436, 1)
+    c.on_metrics("b0", BackendMetrics(at=clock.now(), waiting=1, running=7))
+    assert limiter.cuts == 2  # 8 in flight, still queueing: cut again
+    assert c.snapshot()["backends"]["b0"]["limit"] == 6  # floor(6.4)
+
+
+def test_snapshot_is_json_and_counters_add_up() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0"])
+    c.arrive(req("a"))
+    c.arrive(req("b"))
+    c.arrive(req("x", prio=1))
+    c.dispatch()
+    c.cancel("b")
+    c.on_metrics("b0", BackendMetrics(at=0.0, kv_usage=0.3, waiting=0))
+    snap = c.snapshot()
+    json.dumps(snap)
+    p0 = snap["classes"]["P0"]
+    assert p0["arrived"] == 2 and p0["admitted"] == 2 and p0["dispatched"] == 1
+    assert p0["cancelled_queued"] == 1 and p0["queued"] == 0
+    assert snap["classes"]["P1"]["queued"] == 1
+    assert snap["backends"]["b0"]["kv_usage"] == 0.3
+    assert snap["backends"]["b0"]["metrics_fresh"] is True

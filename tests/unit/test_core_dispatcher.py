@@ -1,0 +1,260 @@
+"""Dispatcher: strict priority, reserved P0 slots, aging, tenant fairness, backend choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.config import LimiterPolicy, Policy
+from sluice.core.clock import FakeClock
+from sluice.core.controller import Controller
+from sluice.core.dispatcher import low_cap
+from sluice.core.limiters import LimiterBase
+from sluice.core.request_record import RequestState
+from sluice.core.types import Outcome, RequestInfo
+
+
+def policy(limit: int, reserved: float = 0.2, aging: float = 10.0) -> Policy:
+    return Policy.model_validate(
+        {
+            "queues": [
+                {
+                    "priority": p,
+                    "name": f"q{p}",
+                    "maxQueueSize": 10_000,
+                    "timeout": "1000s",
+                    "dropPolicy": "tail",
+                }
+                for p in (0, 1, 2)
+            ],
+            "limiter": {"algorithm": "fixed", "fixedLimit": limit},
+            "dispatcher": {"reserved": {"p0": reserved}, "agingAfter": aging},
+        }
+    )
+
+
+def req(
+    rid: str, prio: int, tenant: str = "t", weight: float = 1.0, model: str = "m", prompt: int = 100
+) -> RequestInfo:
+    return RequestInfo(rid, tenant, prio, model, prompt, 100, weight=weight)
+
+
+def ids(assignments: list[Any]) -> list[str]:
+    return [a.request_id for a in assignments]
+
+
+def test_low_cap_rounds_down_but_leaves_one_slot() -> None:
+    assert low_cap(10, 0.2) == 8
+    assert low_cap(4, 0.2) == 3
+    assert low_cap(5, 0.2) == 4
+    assert low_cap(1, 0.2) == 1  # a limit of 1 cannot reserve anything
+    assert low_cap(10, 0.0) == 10
+
+
+def test_reserved_slots_keep_room_for_p0() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"])
+    for i in range(10):
+        c.arrive(req(f"p1-{i}", 1))
+    assert len(c.dispatch()) == 8  # P1 may use 10 * (1 - 0.2) slots
+    c.arrive(req("p2", 2))
+    assert c.dispatch() == []  # P2 neither
+    c.arrive(req("p0-a", 0))
+    c.arrive(req("p0-b", 0))
+    c.arrive(req("p0-c", 0))
+    assert ids(c.dispatch()) == ["p0-a", "p0-b"]  # P0 uses the whole limit
+    # a P1 request finishes: the slot goes to the waiting P0 request (strict priority)
+    c.on_finish("p1-0", Outcome.OK, 100, 10)
+    assert ids(c.dispatch()) == ["p0-c"]
+    # another: 9 in flight, P1 may not go above 8; nothing moves
+    c.on_finish("p1-1", Outcome.OK, 100, 10)
+    assert c.dispatch() == []
+    c.on_finish("p0-a", Outcome.OK, 100, 10)
+    assert c.dispatch() == []  # 8 in flight: still not below 8
+    c.on_finish("p0-b", Outcome.OK, 100, 10)
+    assert ids(c.dispatch()) == ["p1-8"]  # 7 -> 8 in flight
+    c.on_finish("p0-c", Outcome.OK, 100, 10)
+    assert ids(c.dispatch()) == ["p1-9"]  # P1 before P2
+    c.on_finish("p1-2", Outcome.OK, 100, 10)
+    assert ids(c.dispatch()) == ["p2"]
+    assert c.snapshot()["backends"]["b0"]["inflight"] == 8
+
+
+def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=5, reserved=0.2, aging=10.0), clock, ["b0"])
+    for i in range(5):
+        c.arrive(req(f"busy{i}", 0))
+    assert len(c.dispatch()) == 5
+    for i in range(40):
+        c.arrive(req(f"p0-{i}", 0))
+    for i in range(5):
+        c.arrive(req(f"p1-{i}", 1))
+    inflight = [f"busy{i}" for i in range(5)]
+    served: list[tuple[int, str]] = []
+    for t in range(1, 31):
+        clock.set(float(t))
+        c.on_finish(inflight.pop(0), Outcome.OK, 100, 10)
+        [a] = c.dispatch()
+        inflight.append(a.request_id)
+        served.append((t, a.request_id))
+    p1 = [(t, rid) for t, rid in served if rid.startswith("p1")]
+    # not before P1's oldest has waited more than 10 s; then every fifth dispatch
+    assert p1 == [(15, "p1-0"), (20, "p1-1"), (25, "p1-2"), (30, "p1-3")]
+    assert c.snapshot()["aged_dispatches"] == 4
+
+
+def test_aging_does_nothing_when_p0_is_idle() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=5, reserved=0.2, aging=1.0), clock, ["b0"])
+    for i in range(6):
+        c.arrive(req(f"p1-{i}", 1))
+    assert len(c.dispatch()) == 4
+    clock.set(5.0)
+    assert c.dispatch() == []  # aged, but P0 is empty: P1 keeps to its own slots
+
+
+def _run_fair(weights: dict[str, float], sends: dict[str, int], ticks: int = 200) -> dict[str, int]:
+    clock = FakeClock()
+    c = Controller(policy(limit=4, reserved=0.0), clock, ["b0"])
+    served = dict.fromkeys(weights, 0)
+    inflight: list[str] = []
+    n = 0
+    for t in range(ticks):
+        clock.set(float(t))
+        for tenant, k in sends.items():
+            for _ in range(k):
+                n += 1
+                c.arrive(req(f"{tenant}{n}", 1, tenant=tenant, weight=weights[tenant]))
+        for rid in inflight:
+            # usage as estimated (100 + 50): every request keeps the same token cost, so
+            # request shares are token shares
+            c.on_finish(rid, Outcome.OK, 100, 50)
+        inflight = ids(c.dispatch())
+        for rid in inflight:
+            served[rid.rstrip("0123456789")] += 1
+    return served
+
+
+def test_a_flooding_tenant_does_not_starve_another() -> None:
+    # capacity 4 per tick; A sends 30, B sends 3 (both above their fair share of 2)
+    served = _run_fair({"A": 1.0, "B": 1.0}, {"A": 30, "B": 3})
+    total = sum(served.values())
+    for tenant in ("A", "B"):
+        assert abs(served[tenant] / total - 0.5) <= 0.05  # within 10% of its weight share
+
+
+def test_weighted_tenants_share_in_proportion_under_a_flood() -> None:
+    served = _run_fair({"A": 1.0, "B": 2.0}, {"A": 40, "B": 4})
+    total = sum(served.values())
+    assert abs(served["A"] / total - 1 / 3) <= 0.1 / 3
+    assert abs(served["B"] / total - 2 / 3) <= 0.1 * 2 / 3
+
+
+def test_backend_choice_least_outstanding_then_tokens_then_name() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=10), clock, ["b2", "b1", "b0"])
+    c.arrive(req("big", 0, prompt=1000))
+    c.arrive(req("small", 0, prompt=10))
+    c.arrive(req("mid", 0, prompt=100))
+    got = {a.request_id: a.backend for a in c.dispatch()}
+    # all empty: ties on tokens too, so by name; then the emptiest
+    assert got == {"big": "b0", "small": "b1", "mid": "b2"}
+    c.arrive(req("next", 0))
+    # each has 1 in flight; b1 has the fewest estimated tokens (10 + 50)
+    assert c.dispatch()[0].backend == "b1"
+
+
+def test_backend_choice_respects_models_and_health() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=10), clock, ["b0", "b1"])
+    c.set_backend_models("b0", ["llama"])
+    c.set_backend_models("b1", ["qwen"])
+    c.arrive(req("q", 0, model="qwen"))
+    c.arrive(req("l", 0, model="llama"))
+    assert {a.request_id: a.backend for a in c.dispatch()} == {"q": "b1", "l": "b0"}
+    c.set_backend_health("b1", False)
+    adm = c.arrive(req("q2", 0, model="qwen"))
+    assert not adm.queued and adm.code == "no_backend"
+    assert adm.retry_after_s == 2.0
+    c.set_backend_health("b1", True)
+    assert c.arrive(req("q3", 0, model="qwen")).queued
+    assert c.dispatch()[0].backend == "b1"
+
+
+def test_a_blocked_model_does_not_hold_back_other_models() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c.set_backend_models("b0", ["llama"])
+    c.set_backend_models("b1", ["qwen"])
+    c.arrive(req("l0", 0, model="llama"))
+    c.dispatch()
+    c.arrive(req("l1", 0, model="llama"))  # P0 waits for b0
+    c.arrive(req("q1", 1, model="qwen"))  # P1 on b1 takes nothing P0 waits for
+    assert ids(c.dispatch()) == ["q1"]
+
+
+class BudgetLimiter(LimiterBase):
+    def __init__(self, limit: int, budget: float) -> None:
+        self._limit = limit
+        self._budget = budget
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def kv_budget_tokens(self) -> float | None:
+        return self._budget
+
+
+def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:
+    clock = FakeClock()
+
+    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> BudgetLimiter:
+        return BudgetLimiter(10, 1000.0)
+
+    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
+    c.arrive(req("a", 0, prompt=550))  # footprint 550 + 50 = 600
+    c.arrive(req("b", 0, prompt=550))
+    assert ids(c.dispatch()) == ["a"]  # 600 + 600 > 1000
+    c.arrive(req("p1", 1, prompt=150))  # 200 tokens: 800 > 0.8 * 1000 for P1
+    assert c.dispatch() == []  # and P0's blocked "b" comes first anyway
+    c.on_finish("a", Outcome.OK, 550, 50)
+    # an empty backend takes any request whatever its budget
+    c.cancel("b")
+    c.arrive(req("huge", 0, prompt=5000))
+    assert ids(c.dispatch()) == ["huge"]
+
+
+def test_a_queued_disconnect_leaves_at_once() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0"])
+    c.arrive(req("busy", 1, tenant="A"))
+    c.dispatch()
+    c.arrive(req("gone", 1, tenant="A"))
+    c.arrive(req("stay", 1, tenant="B"))
+    assert c.snapshot()["classes"]["P1"]["tenants_queued"] == {"A": 1, "B": 1}
+    c.cancel("gone")
+    snap = c.snapshot()["classes"]["P1"]
+    assert snap["queued"] == 1
+    assert snap["tenants_queued"] == {"B": 1}
+    assert snap["cancelled_queued"] == 1
+    assert c.state_of("gone") is RequestState.GONE
+    c.on_finish("busy", Outcome.OK, 100, 10)
+    assert ids(c.dispatch()) == ["stay"]
+    # late calls for the gone request are no-ops
+    c.cancel("gone")
+    c.on_first_token("gone")
+    c.on_finish("gone", Outcome.OK, 1, 1)
+    assert c.snapshot()["classes"]["P1"]["finished"] == {"ok": 1}
+
+
+def test_cancel_in_flight_frees_the_slot() -> None:
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0"])
+    c.arrive(req("a", 0))
+    c.arrive(req("b", 0))
+    assert ids(c.dispatch()) == ["a"]
+    c.cancel("a")
+    assert ids(c.dispatch()) == ["b"]
+    assert c.snapshot()["backends"]["b0"]["inflight"] == 1

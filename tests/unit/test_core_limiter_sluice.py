@@ -1,0 +1,267 @@
+"""The sluice limiter's reactions, with exact values."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.core.limiters import SluiceLimiter
+from sluice.core.types import BackendMetrics, Sample
+
+# prompt 436 + the fixed part 64 = 500 tokens of prefill work
+PROMPT = 436
+
+
+def limiter(initial: int = 20, **kw: object) -> SluiceLimiter:
+    args: dict[str, object] = {"probe_jitter": 0.0, "probe_interval_s": 10.0}
+    args.update(kw)
+    return SluiceLimiter(1, 200, initial, **args)  # type: ignore[arg-type]
+
+
+def ttft(
+    lim: SluiceLimiter,
+    seconds: float,
+    now: float,
+    sent_at: float | None = None,
+    ahead: float = 0.0,
+) -> None:
+    extra = {"prefill_ahead": ahead} if ahead else {}
+    lim.on_sample(Sample(ttft_s=seconds, prompt_tokens=PROMPT, sent_at=sent_at, extra=extra), now)
+
+
+# -- hard signals from a scrape ----------------------------------------------------------
+
+
+def test_waiting_in_a_scrape_cuts_at_once_and_only_once_per_drain() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, waiting=2, running=18, kv_usage=0.5), 0.0)
+    assert lim.limit == 16  # 20 * 0.8
+    assert lim.last_cut_reason == "waiting"
+    # the next scrape still shows the backlog, but 20 in flight > 16: the cut has not
+    # taken effect yet, so no second cut
+    lim.on_metrics(BackendMetrics(at=0.3, waiting=2, running=18), 0.3)
+    assert lim.limit == 16
+    # once in-flight is down to the limit and the backend still queues: cut again
+    lim.on_release(16, 0.5)
+    lim.on_metrics(BackendMetrics(at=0.55, waiting=1, running=16), 0.55)
+    assert lim.limit == 12  # floor(12.8)
+
+
+def test_cuts_at_most_once_per_interval() -> None:
+    lim = limiter()
+    lim.on_dispatch(10, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, waiting=1), 0.0)
+    assert lim.limit == 16
+    lim.on_metrics(BackendMetrics(at=0.1, kv_usage=0.95), 0.1)  # 0.1 s < 0.25 s
+    assert lim.limit == 16
+    lim.on_metrics(BackendMetrics(at=0.25, kv_usage=0.95), 0.25)
+    assert lim.limit == 12
+    assert lim.last_cut_reason == "kv"
+
+
+def test_rising_preemption_counter_cuts() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, preemptions_total=5), 0.0)  # first: a baseline
+    assert lim.limit == 20
+    lim.on_metrics(BackendMetrics(at=0.25, preemptions_total=5), 0.25)
+    assert lim.limit == 20
+    lim.on_metrics(BackendMetrics(at=0.5, preemptions_total=7), 0.5)
+    assert lim.limit == 16
+    assert lim.last_cut_reason == "preemption"
+
+
+def test_more_in_flight_than_running_cuts_when_waiting_is_not_exported() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, running=18), 0.0)  # 2 in transit: fine
+    assert lim.limit == 20
+    lim.on_metrics(BackendMetrics(at=0.25, running=17), 0.25)  # 3 > max(2, 2.0)
+    assert lim.limit == 16
+
+
+# -- TTFT ----------------------------------------------------------------------------------
+
+
+def test_a_ttft_jump_cuts() -> None:
+    lim = limiter()
+    lim.on_dispatch(5, 100, 0.0)
+    ttft(lim, 0.05, 0.1)  # the first: base 0.05 / 500 = 1e-4 s per token
+    assert lim.ttft_base == pytest.approx(1e-4)
+    assert lim.expected_ttft(PROMPT) == pytest.approx(0.05)
+    assert lim.limit == 20
+    # 0.25 s where 0.05 s is expected: x = 5 > 3
+    ttft(lim, 0.25, 0.2, sent_at=0.15)
+    assert lim.limit == 16
+    assert lim.last_cut_reason == "ttft"
+    # a slow answer to a request sent before the cut says nothing about the new limit
+    ttft(lim, 0.5, 0.6, sent_at=0.1)
+    assert lim.limit == 16
+    # one sent after the cut does
+    ttft(lim, 0.5, 0.7, sent_at=0.3)
+    assert lim.limit == 12
+
+
+def test_prefill_ahead_and_the_step_time_are_not_congestion() -> None:
+    lim = limiter()
+    lim.on_dispatch(5, 100, 0.0)
+    ttft(lim, 0.05, 0.0)  # base 1e-4
+    # behind 4,500 tokens of other prompts: 5,000 tokens of prefill, 0.5 s expected
+    assert lim.expected_ttft(PROMPT + 4500) == pytest.approx(0.5)
+    ttft(lim, 0.6, 0.1, sent_at=0.05, ahead=4500)  # x = 1.2
+    assert lim.limit == 20 and lim.cuts == 0
+    # with a 40 ms step (TPOT), a request waits 1.5 steps on average before its prefill
+    lim.on_sample(Sample(ttft_s=0.05, tpot_s=0.04, e2e_s=2.0, sent_at=0.0), 0.2)
+    assert lim.expected_ttft(PROMPT) == pytest.approx(1.5 * 0.04 + 0.05)
+    ttft(lim, 0.2, 0.3, sent_at=0.25)  # x = 0.2 / 0.11 = 1.82
+    assert lim.cuts == 0
+
+
+def test_a_moderate_ttft_rise_neither_cuts_nor_grows() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    ttft(lim, 0.05, 0.0)  # base
+    ttft(lim, 0.05, 0.1)  # x = 1: grows (slow start) to 21
+    assert lim.limit == 21
+    ttft(lim, 0.1, 0.2)  # x = 2, EWMA 1.5 <= 1.5: grows to 22
+    assert lim.limit == 22
+    ttft(lim, 0.1, 0.3)  # EWMA 1.75, between 1.5 and 3: holds
+    assert lim.limit == 22
+    assert lim.cuts == 0
+
+
+def test_no_growth_while_inflight_is_far_below_the_limit() -> None:
+    lim = limiter()
+    lim.on_dispatch(5, 100, 0.0)  # 5 of 20
+    for i in range(10):
+        ttft(lim, 0.05, 0.1 * i)
+    assert lim.limit == 20
+    lim.on_dispatch(16, 100, 1.0)  # 16 >= 0.8 * 20: near the limit
+    ttft(lim, 0.05, 1.0)
+    assert lim.limit == 21  # slow start: +1 per good sample
+
+
+def test_near_the_limit_counts_the_share_p1_and_p2_may_use() -> None:
+    lim = limiter(usable_share=0.8)  # reserved.p0 = 0.2: P1/P2 fill at most 16 of 20
+    lim.on_dispatch(13, 100, 0.0)  # 13 >= 0.8 * 16
+    ttft(lim, 0.05, 0.0)
+    ttft(lim, 0.05, 0.1)
+    assert lim.limit == 21
+
+
+def test_growth_slows_after_the_first_cut() -> None:
+    lim = limiter(initial=100)
+    lim.on_dispatch(100, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, waiting=1), 0.0)
+    assert lim.latency_limit == 80.0
+    lim.on_metrics(BackendMetrics(at=0.25, waiting=0), 0.25)  # the backlog is gone
+    lim.on_release(80, 0.3)
+    ttft(lim, 0.05, 0.3)  # base
+    ttft(lim, 0.05, 0.35)
+    assert lim.latency_limit == pytest.approx(80 + 4 / 80**0.5)  # +growth / sqrt(limit)
+    assert lim.limit == 80
+
+
+def test_no_growth_under_hard_congestion_or_high_kv() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, kv_usage=0.85), 0.0)  # above kv_low 0.8
+    ttft(lim, 0.05, 0.1)
+    ttft(lim, 0.05, 0.2)
+    assert lim.limit == 20
+    lim.on_metrics_stale(0.3)  # latency-only control: forget the scrape
+    ttft(lim, 0.05, 0.4)
+    assert lim.limit == 21
+
+
+def test_base_latency_is_re_measured() -> None:
+    lim = limiter()  # probe windows of 10 s, no jitter
+    lim.on_dispatch(5, 100, 0.0)  # 5 in flight: no growth while the limit is 20
+    for t in range(10):
+        ttft(lim, 0.05, float(t), sent_at=float(t))  # 1e-4 s per token
+    # the workload changes: every TTFT is now 4x what the old base predicts
+    ttft(lim, 0.2, 10.5, sent_at=10.5)  # x = 4, EWMA 2.5
+    assert lim.limit == 20
+    ttft(lim, 0.2, 11.0, sent_at=11.0)  # EWMA 3.25 > 3: cut
+    assert lim.limit == 16
+    for t in range(12, 21):
+        ttft(lim, 0.2, float(t), sent_at=float(t))
+    # with the old minimum every new sample looks congested: a cut each second
+    assert lim.latency_limit == pytest.approx(16 * 0.8**9)
+    assert lim.ttft_base == pytest.approx(1e-4)
+    # the window that began at 10.5 ends at 20.5: the old minimum is forgotten and the
+    # new TTFT is the base; no more cuts, and growth resumes once the EWMA settles
+    ttft(lim, 0.2, 20.6, sent_at=20.6)
+    assert lim.ttft_base == pytest.approx(4e-4)
+    cut_before = lim.cuts
+    for k in range(1, 4):
+        ttft(lim, 0.2, 20.6 + 0.1 * k, sent_at=20.6 + 0.1 * k)
+    assert lim.cuts == cut_before
+    # the EWMA (alpha 0.5) had climbed from 1 toward 4 over 11 samples, then falls to 1
+    climbed = 4 - 3 * 0.5**11
+    assert lim.ttft_ratio == pytest.approx(1 + (climbed - 1) * 0.5**4)
+    assert lim.latency_limit > 16 * 0.8**9  # grew again
+
+
+def test_pending_ttft_alarm() -> None:
+    lim = limiter()
+    assert lim.ttft_alarm_after(PROMPT) is None  # no base yet
+    lim.on_dispatch(20, 100, 0.0)
+    ttft(lim, 0.05, 0.0)
+    assert lim.ttft_alarm_after(PROMPT) == pytest.approx(4 * 0.05)
+    lim.on_sample(Sample(ttft_s=0.2, sent_at=0.1, extra={"pending": 1.0}), 0.3)
+    assert lim.limit == 16
+    assert lim.last_cut_reason == "ttft-pending"
+
+
+# -- TPOT, drops, KV budget ----------------------------------------------------------------
+
+
+def test_tpot_above_its_target_cuts() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_sample(Sample(ttft_s=0.05, tpot_s=0.01, e2e_s=1.0, sent_at=0.0), 1.0)
+    assert lim.tpot_target(1.0) == pytest.approx(0.03)  # max(30 ms, 3 x base 10 ms)
+    assert lim.limit == 20
+    lim.on_sample(Sample(ttft_s=0.05, tpot_s=0.03, e2e_s=1.0, sent_at=0.4), 1.4)
+    assert lim.limit == 20  # EWMA 0.016
+    # EWMA 0.016 + 0.3 * (0.1 - 0.016) = 0.0412 > 0.03
+    lim.on_sample(Sample(ttft_s=0.05, tpot_s=0.1, e2e_s=1.0, sent_at=0.5), 1.5)
+    assert lim.limit == 16
+    assert lim.last_cut_reason == "tpot"
+
+
+def test_tpot_target_follows_a_slow_model() -> None:
+    lim = limiter()
+    lim.on_sample(Sample(tpot_s=0.05, e2e_s=1.0), 0.0)
+    assert lim.tpot_target(0.0) == pytest.approx(0.15)  # 3 x base above the 30 ms floor
+
+
+def test_drops_cut_once_per_window() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=0.0), 1.0)
+    assert lim.limit == 16
+    lim.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=0.5), 2.0)  # sent before the cut
+    assert lim.limit == 16
+    lim.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=1.5), 2.5)
+    assert lim.limit == 12
+
+
+def test_kv_budget_caps_the_limit_when_prompts_grow() -> None:
+    lim = limiter(footprint_alpha=1.0)
+    lim.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
+    assert lim.kv_budget_tokens == pytest.approx(1280.0)  # 0.8 * 1600
+    lim.on_dispatch(1, 100, 0.0)
+    assert lim.limit == 12  # floor(1280 / 100) < 20
+    lim.on_dispatch(2, 400, 0.1)  # prompts jump: 400 tokens per request
+    assert lim.limit == 3
+
+
+def test_describe_is_plain_data() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, waiting=1), 0.0)
+    d = lim.describe()
+    assert d["cuts"] == 1 and d["cut_reasons"] == {"waiting": 1}
+    assert d["slow_start"] is False
