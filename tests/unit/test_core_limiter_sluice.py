@@ -31,9 +31,20 @@ def ttft(
 # -- hard signals from a scrape ----------------------------------------------------------
 
 
-def test_waiting_in_a_scrape_cuts_at_once_and_only_once_per_drain() -> None:
+def test_a_request_waiting_for_the_next_step_is_not_queueing() -> None:
     lim = limiter()
     lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=0.0, waiting=2, running=18, kv_usage=0.5), 0.0)
+    lim.on_metrics(BackendMetrics(at=0.25, waiting=0, running=20, kv_usage=0.5), 0.25)
+    lim.on_metrics(BackendMetrics(at=0.5, waiting=1, running=19, kv_usage=0.5), 0.5)
+    assert lim.limit == 20 and lim.cuts == 0
+
+
+def test_waiting_on_two_scrapes_cuts_at_once_and_only_once_per_drain() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=-0.25, waiting=2, running=18, kv_usage=0.5), -0.25)
+    assert lim.limit == 20
     lim.on_metrics(BackendMetrics(at=0.0, waiting=2, running=18, kv_usage=0.5), 0.0)
     assert lim.limit == 16  # 20 * 0.8
     assert lim.last_cut_reason == "waiting"
@@ -50,6 +61,7 @@ def test_waiting_in_a_scrape_cuts_at_once_and_only_once_per_drain() -> None:
 def test_cuts_at_most_once_per_interval() -> None:
     lim = limiter()
     lim.on_dispatch(10, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=-0.25, waiting=1), -0.25)
     lim.on_metrics(BackendMetrics(at=0.0, waiting=1), 0.0)
     assert lim.limit == 16
     lim.on_metrics(BackendMetrics(at=0.1, kv_usage=0.95), 0.1)  # 0.1 s < 0.25 s
@@ -152,6 +164,7 @@ def test_near_the_limit_counts_the_share_p1_and_p2_may_use() -> None:
 def test_growth_slows_after_the_first_cut() -> None:
     lim = limiter(initial=100)
     lim.on_dispatch(100, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=-0.25, waiting=1), -0.25)
     lim.on_metrics(BackendMetrics(at=0.0, waiting=1), 0.0)
     assert lim.latency_limit == 80.0
     lim.on_metrics(BackendMetrics(at=0.25, waiting=0), 0.25)  # the backlog is gone
@@ -261,6 +274,7 @@ def test_kv_budget_caps_the_limit_when_prompts_grow() -> None:
 def test_describe_is_plain_data() -> None:
     lim = limiter()
     lim.on_dispatch(20, 100, 0.0)
+    lim.on_metrics(BackendMetrics(at=-0.25, waiting=1), -0.25)
     lim.on_metrics(BackendMetrics(at=0.0, waiting=1), 0.0)
     d = lim.describe()
     assert d["cuts"] == 1 and d["cut_reasons"] == {"waiting": 1}

@@ -20,7 +20,9 @@ Signals, from fastest to slowest:
     SLO so that its tail and long answers stay inside too) and tpot_base_ratio * its
     windowed-min base (a slow model is not held at the minimum).
   * Drops (error, timeout, backend refusal).
-  * Each metrics scrape: waiting > waiting_tolerance, KV usage >= kv_high, a rising
+  * Each metrics scrape: waiting > waiting_tolerance on two scrapes in a row (a request
+    that arrived since the last engine step is waiting for a moment at any load), KV
+    usage >= kv_high, a rising
     preemption counter, or (when waiting is not exported) more requests in flight than
     the backend runs: hard congestion.
 
@@ -108,6 +110,7 @@ class SluiceLimiter(LimiterBase):
         self.kv_high = kv_high
         self.kv_low = kv_low
         self.waiting_tolerance = waiting_tolerance
+        self._waiting_before = False
         self.kv_budget_fraction = kv_budget_fraction
 
         rng = random.Random(seed)
@@ -247,7 +250,10 @@ class SluiceLimiter(LimiterBase):
             self._kv_capacity = float(m.num_gpu_blocks * m.block_size)
         self._kv_usage = m.kv_usage
         reason = ""
-        if m.waiting is not None and m.waiting > self.waiting_tolerance:
+        # A request that arrived since the engine's last step shows as waiting until the
+        # next one: normal at any load. Queueing is waiting seen on two scrapes in a row.
+        waiting = m.waiting is not None and m.waiting > self.waiting_tolerance
+        if waiting and self._waiting_before:
             reason = "waiting"
         elif m.kv_usage is not None and m.kv_usage >= self.kv_high:
             reason = "kv"
@@ -262,7 +268,9 @@ class SluiceLimiter(LimiterBase):
             if seen is not None and m.preemptions_total > seen and not reason:
                 reason = "preemption"
             self._preemptions_seen = m.preemptions_total
-        self._hard = bool(reason)
+        self._waiting_before = waiting
+        # A single waiting scrape does not cut, but it is no time to grow either.
+        self._hard = bool(reason) or waiting
         if reason and self._inflight <= self._effective:
             self._cut(now, None, reason)
         self._recompute()
