@@ -38,12 +38,14 @@ class DispatchBridge:
 
     def pump(self) -> None:
         controller = self._controller
-        for rejection in controller.expire():
-            self._resolve(rejection.request_id, rejection)
+        # dispatch() first: what falls due while it runs is reported by the expire() after
+        # it, in the same pass.
         for assignment in controller.dispatch():
             if not self._resolve(assignment.request_id, assignment):
                 # Its handler is gone: give the slot back.
                 controller.cancel(assignment.request_id)
+        for rejection in controller.expire():
+            self._resolve(rejection.request_id, rejection)
         self._arm_timer()
 
     def _resolve(self, request_id: str, decision: Assignment | Rejection) -> bool:
