@@ -140,7 +140,11 @@ def _run_with_progress(
             return run_virtual(scenario, arms, seed=args.seed, progress=progress)
         from sluice.bench.real import run_real
 
-        return run_real(scenario, arms, seed=args.seed, progress=progress)
+        def announce(url: str) -> None:
+            console.print(f"Gateway up: watch it live at [bold]{url}/dashboard[/bold]")
+
+        return run_real(scenario, arms, seed=args.seed, progress=progress,
+                        on_gateway=announce)
 
 
 def _print_summary(console: Any, results: dict[str, Any], wall: float) -> None:

@@ -585,6 +585,7 @@ def _run_one_arm(
     seed: int,
     cpu: CpuSampler,
     progress: Progress | None,
+    on_gateway: Callable[[str], None] | None = None,
 ) -> ArmRun:
     import uvloop
 
@@ -617,6 +618,8 @@ def _run_one_arm(
                 uvloop.run(ready())
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}; gateway output: {gateway.output()}") from None
+            if on_gateway is not None:
+                on_gateway(gateway_url)
         reqs = [ReqState(spec) for spec in workload]
         drain = scenario.spec.drain  # already shrunk by for_real_mode
         runner = _ArmRunner(
@@ -658,8 +661,10 @@ def run_real(
     *,
     seed: int | None = None,
     progress: Progress | None = None,
+    on_gateway: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the arms against real processes; the results.json document (mode "real")."""
+    """Run the arms against real processes; the results.json document (mode "real").
+    `on_gateway(url)` is called when an arm's gateway is up (to show its dashboard)."""
     started = time.perf_counter()
     small = scenario.for_real_mode()
     seed = small.spec.seed if seed is None else seed
@@ -681,7 +686,7 @@ def run_real(
     results: dict[str, Any] = {}
     for name in arms:
         spec = arm_spec(name, small, max_limit=profile.max_num_seqs, static_cap=caps[0].sweet_spot)
-        run = _run_one_arm(small, spec, workload, seed, cpu, progress)
+        run = _run_one_arm(small, spec, workload, seed, cpu, progress, on_gateway)
         res = arm_results(run, small)
         res["series"] = _series(run)
         res["limit_reaction"] = None  # measured in virtual time only
