@@ -19,6 +19,7 @@ demo: install
 
 test: install
 	sh scripts/ensure_chromium.sh
+	sh scripts/ensure_redis.sh
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest -q
 

@@ -175,6 +175,8 @@ class PressurePolicy(_Model):
     fast_reject_above: float = Field(default=0.8, ge=0, le=1)
     # early-drop-on-pressure queues start predicting waits at or above this pressure.
     shed_above: float = Field(default=0.5, ge=0, le=1)
+    # The longest Retry-After sent (sustained overload answers with it).
+    max_retry_after: Duration = Field(default=60.0, ge=1, le=60)
 
 
 class ScraperPolicy(_Model):

@@ -19,7 +19,8 @@ from sluice.client import AsyncRetryTransport, RetryBudget, RetryPolicy
 
 pytestmark = pytest.mark.integration
 
-# One backend slot and a queue of 2 for P1: a burst of 24 is mostly refused at once.
+# One backend slot and a queue of 2 for P1: a burst of 24 is mostly refused at once. A
+# refused client is told to come back within 3 s (the operator's cap on Retry-After).
 POLICY = """
 queues:
   - {priority: 0, name: realtime-interactive, maxQueueSize: 200, timeout: 8s, dropPolicy: tail}
@@ -30,6 +31,7 @@ tenants:
   - {name: agents, apiKeys: [sk-demo-p1], priority: 1}
 limiter: {algorithm: fixed, fixedLimit: 2}
 dispatcher: {reserved: {p0: 0.0}}
+pressure: {maxRetryAfter: 3s}
 """
 MESSAGES = [{"role": "user", "content": "hi"}]
 

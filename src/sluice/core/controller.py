@@ -124,7 +124,8 @@ class Controller:
             aging_every=aging_every,
         )
         self._records: dict[str, RequestRecord] = {}
-        self._drain = DrainEstimator(len(PRIORITIES), tau_s=rate_tau_s)
+        self._drain = DrainEstimator(len(PRIORITIES), tau_s=rate_tau_s,
+                                     max_s=policy.pressure.max_retry_after)
         self._cost = cost_model or TokenCostModel()
         self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
         self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
@@ -573,6 +574,7 @@ class Controller:
         self._policy = policy
         for q in self._queues:
             q.policy = policy.queue(q.priority)
+        self._drain.max_s = policy.pressure.max_retry_after
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
         d.set_reserved(policy.dispatcher.reserved.p0)

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from sluice.config import Backend, Feature, Policy
 from sluice.core.circuit_breaker import CircuitBreaker
@@ -34,6 +34,7 @@ from sluice.gateway.logs import ACCESS_LOG, access
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay, RelayContext, RelayResult
 from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
+from sluice.gateway.shared_quota import QuotaTicket, SharedQuotaGate
 from sluice.gateway.telemetry import Telemetry
 
 log = logging.getLogger("sluice.gateway")
@@ -46,6 +47,7 @@ ACCESS_FLUSH_S = 0.2
 _DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+QUOTA_TICKET: web.RequestKey[QuotaTicket] = web.RequestKey("quota_ticket")
 STATIC_DIR = Path(__file__).parent / "static"
 
 
@@ -60,9 +62,18 @@ class Gateway:
         self.watcher: PolicyWatcher | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.clock = MonotonicClock()
-        self.controller = Controller(policy, self.clock)
-        self.keyring = KeyRing(policy)
         self.telemetry = Telemetry()
+        # Shared quotas: with `redis:` the shell checks Redis and the core's quotas only
+        # take over while Redis is unreachable (shared_quota.py).
+        self.quota_gate: SharedQuotaGate | None = None
+        if policy.redis is not None:
+            self.quota_gate = SharedQuotaGate(
+                policy.redis.url, policy.tenants, self.clock,
+                on_mode=self.telemetry.set_quota_mode, on_error=self.telemetry.quota_error)
+        self.controller = Controller(
+            policy, self.clock,
+            quotas=self.quota_gate.controller_quotas if self.quota_gate else None)
+        self.keyring = KeyRing(policy)
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
         self.features = Features(policy, self.clock)
@@ -90,6 +101,9 @@ class Gateway:
         )
         self.relay = Relay(self.session, self.telemetry)
         await self.pool.start()
+        if self.quota_gate is not None:
+            await self.quota_gate.start()
+        self.telemetry.start()
         self._flusher = asyncio.create_task(self._flush_access_log(), name="access-log")
         if self.policy_path is not None:
             self.watcher = PolicyWatcher(self.policy_path, self.apply_policy,
@@ -120,9 +134,12 @@ class Gateway:
         if self._flusher is not None:
             self._flusher.cancel()
         ACCESS_LOG.flush()
+        self.telemetry.stop()
         if self.watcher is not None:
             await self.watcher.stop()
         self.bridge.close()
+        if self.quota_gate is not None:
+            await self.quota_gate.stop()
         if self.pool is not None:
             await self.pool.stop()
         if self.session is not None:
@@ -165,8 +182,8 @@ class Gateway:
                             content_type="application/json")
 
     async def metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.telemetry.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=self.telemetry.render(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -242,6 +259,8 @@ class Gateway:
             fields["status"] = response.status if response is not None else 499
             fields["duration_ms"] = round((self.clock.now() - started) * 1000, 1)
             access(fields)
+            if self.quota_gate is not None and (ticket := request.get(QUOTA_TICKET)):
+                ticket.close()  # gives back to the shared quota what was not used
 
     async def _serve(self, request: web.Request, chat: bool, started: float,
                      fields: dict[str, Any]) -> web.StreamResponse:
@@ -311,6 +330,15 @@ class Gateway:
         fields.update(request_id=base_id, model=parsed.model, stream=parsed.stream,
                       feature=feature.name if feature else None)
         queued_total = 0.0
+        ticket = None
+        if self.quota_gate is not None and self.quota_gate.limits(tenant.name):
+            ticket = await self.quota_gate.acquire(
+                tenant.name, parsed.prompt_tokens_est + (parsed.max_tokens or DEFAULT_MAX_TOKENS))
+            if not ticket.ok:
+                fields["outcome"] = RejectCode.TENANT_QUOTA.value
+                return self._rejected(priority, RejectCode.TENANT_QUOTA, ticket.retry_after_s,
+                                      queue_name, headers, breaker)
+            request[QUOTA_TICKET] = ticket  # closed by _complete on every way out
         # A request that failed before anything reached its client is tried once more on
         # another backend; after the first byte it is never replayed.
         for attempt in range(MAX_ATTEMPTS):
@@ -346,8 +374,12 @@ class Gateway:
             headers["X-Sluice-Backend"] = decision.backend
             fields.update(backend=decision.backend, attempt=attempt + 1)
             fields["outcome"] = "cancelled"  # until the relay says otherwise
+            if ticket is not None:
+                ticket.ran = True
             result = await self._forward(request, request_id, priority, decision.backend,
                                          chat, parsed, body, headers, started, deadline)
+            if ticket is not None:
+                ticket.used(result.prompt_tokens, result.completion_tokens)
             if breaker is not None:
                 if result.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
                     breaker.record_failure()

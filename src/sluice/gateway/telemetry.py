@@ -3,69 +3,137 @@
 Counters and histograms are updated on the request path through pre-bound children (a
 labels() lookup per event would cost more than the event). Gauges that describe the
 controller's state (queue depth, limits, in-flight, pressure) are read from its snapshot
-when /metrics is scraped, so the hot path pays nothing for them."""
+when /metrics is scraped, so the hot path pays nothing for them.
+
+Under `sluice serve --workers N` (PROMETHEUS_MULTIPROC_DIR set by the master) every
+worker writes its values to files in that folder and /metrics, whichever worker answers
+it, adds them up with prometheus_client's MultiProcessCollector. A scrape cannot read the
+other workers' controllers, so there the state gauges are set from the snapshot every
+`STATE_PUBLISH_S` instead, each with the way workers combine: queue depths, in-flight and
+limits add up (`livesum`), pressure and backend-reported figures take the worst
+(`livemax`), health the least (`livemin`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import os
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 CLASSES = ("0", "1", "2")
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
+STATE_PUBLISH_S = 0.5
+QUOTA_MODES = ("redis", "local")
+
+
+def multiprocess_dir() -> str | None:
+    """The folder prometheus_client shares values through, when this is one of several
+    worker processes (prometheus_client reads the same variable at import)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
 class Telemetry:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.multiprocess = multiprocess_dir() is not None
+        self._mp_registry: CollectorRegistry | None = None
+        self._mp_collector: MultiProcessCollector | None = None
+        if self.multiprocess:
+            self._mp_registry = CollectorRegistry()
+            self._mp_collector = MultiProcessCollector(self._mp_registry)
+        self._state: _StateGauges | None = None
+        self._publisher: asyncio.Task[None] | None = None
         self.requests = Counter(
-            "sluice_requests", "Requests answered, by class and outcome",
-            ["priority", "outcome"], registry=r,
+            "sluice_requests",
+            "Requests answered, by class and outcome",
+            ["priority", "outcome"],
+            registry=r,
         )
         self.rejections = Counter(
-            "sluice_rejections", "Requests refused with 429/503, by class and cause",
-            ["priority", "code"], registry=r,
+            "sluice_rejections",
+            "Requests refused with 429/503, by class and cause",
+            ["priority", "code"],
+            registry=r,
         )
         self.retries = Counter(
-            "sluice_client_retries", "Requests that are a client's retry, by class and client",
-            ["priority", "client"], registry=r,
+            "sluice_client_retries",
+            "Requests that are a client's retry, by class and client",
+            ["priority", "client"],
+            registry=r,
         )
         self.aborts = Counter(
-            "sluice_upstream_aborts", "Upstream requests closed because the client went away",
-            ["backend"], registry=r,
+            "sluice_upstream_aborts",
+            "Upstream requests closed because the client went away",
+            ["backend"],
+            registry=r,
         )
         self.upstream_errors = Counter(
-            "sluice_upstream_errors", "Upstream failures, by backend and kind",
-            ["backend", "kind"], registry=r,
+            "sluice_upstream_errors",
+            "Upstream failures, by backend and kind",
+            ["backend", "kind"],
+            registry=r,
         )
         self.fallbacks = Counter(
-            "sluice_fallbacks", "Requests answered with a feature's fallback",
-            ["feature"], registry=r,
+            "sluice_fallbacks",
+            "Requests answered with a feature's fallback",
+            ["feature"],
+            registry=r,
         )
         self.reloads = Counter(
-            "sluice_policy_reloads", "Policy reloads, by result (ok, refused)",
-            ["result"], registry=r,
+            "sluice_policy_reloads",
+            "Policy reloads, by result (ok, refused)",
+            ["result"],
+            registry=r,
         )
         self.policy_ok = Gauge(
-            "sluice_policy_last_reload_ok", "1 if the last policy reload was applied, 0 if "
-            "it was refused (the previous policy stays in force)", registry=r,
+            "sluice_policy_last_reload_ok",
+            "1 if the last policy reload was applied, 0 if "
+            "it was refused (the previous policy stays in force)",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.quota_backend = Gauge(
+            "sluice_quota_backend",
+            "Where tenant quotas are enforced when Redis is "
+            "configured: redis (shared by all replicas) or local (Redis unreachable: each "
+            "process on its own); with several workers, the number of workers in each mode",
+            ["mode"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.quota_errors = Counter(
+            "sluice_quota_redis_errors",
+            "Failed Redis quota calls, by kind (timeout, connection, error)",
+            ["kind"],
+            registry=r,
         )
         self.policy_ok.set(1)
         self.ttft = Histogram(
-            "sluice_ttft_seconds", "Time to first token seen by the client, by class",
-            ["priority"], buckets=LATENCY_BUCKETS, registry=r,
+            "sluice_ttft_seconds",
+            "Time to first token seen by the client, by class",
+            ["priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.latency = Histogram(
-            "sluice_request_duration_seconds", "End-to-end request time, by class",
-            ["priority"], buckets=LATENCY_BUCKETS, registry=r,
+            "sluice_request_duration_seconds",
+            "End-to-end request time, by class",
+            ["priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_wait = Histogram(
-            "sluice_queue_wait_seconds", "Time spent queued before dispatch, by class",
-            ["priority"], buckets=LATENCY_BUCKETS, registry=r,
+            "sluice_queue_wait_seconds",
+            "Time spent queued before dispatch, by class",
+            ["priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self._ttft = {c: self.ttft.labels(c) for c in CLASSES}
         self._latency = {c: self.latency.labels(c) for c in CLASSES}
@@ -92,18 +160,40 @@ class Telemetry:
         self.reloads.labels("ok" if ok else "refused").inc()
         self.policy_ok.set(1 if ok else 0)
 
+    def set_quota_mode(self, mode: str) -> None:
+        for m in QUOTA_MODES:
+            self.quota_backend.labels(m).set(1 if m == mode else 0)
+
+    def quota_error(self, kind: str) -> None:
+        self.quota_errors.labels(kind).inc()
+
+    def render(self) -> bytes:
+        """The /metrics body: this process's registry, or all workers' values added up."""
+        if self._mp_registry is None:
+            return generate_latest(self.registry)
+        self.publish_state()
+        return generate_latest(self._mp_registry)
+
+    def _families(self, *metrics: Any) -> Iterable[Metric]:
+        if self._mp_collector is None:
+            return [f for m in metrics for f in m.collect()]
+        names = {m._name for m in metrics}
+        return [f for f in self._mp_collector.collect() if f.name in names]
+
     def counters(self) -> dict[str, Any]:
         """Cumulative counters for the dashboard: answers by class and outcome, refusals by
-        class and cause, and TTFT sum/count by class."""
+        class and cause, and TTFT sum/count by class (of all workers)."""
         out: dict[str, Any] = {"requests": {}, "rejections": {}, "ttft": {}}
-        for metric, key, label in ((self.requests, "requests", "outcome"),
-                                   (self.rejections, "rejections", "code")):
-            for family in metric.collect():
+        for metric, key, label in (
+            (self.requests, "requests", "outcome"),
+            (self.rejections, "rejections", "code"),
+        ):
+            for family in self._families(metric):
                 for s in family.samples:
                     if s.name.endswith("_total"):
                         by_class = out[key].setdefault("P" + s.labels["priority"], {})
                         by_class[s.labels[label]] = s.value
-        for family in self.ttft.collect():
+        for family in self._families(self.ttft):
             for s in family.samples:
                 if s.name.endswith(("_sum", "_count")):
                     entry = out["ttft"].setdefault("P" + s.labels["priority"], {})
@@ -111,7 +201,97 @@ class Telemetry:
         return out
 
     def watch_state(self, snapshot: Callable[[], dict[str, Any]]) -> None:
-        self.registry.register(_StateCollector(snapshot))
+        if self.multiprocess:
+            self._state = _StateGauges(snapshot, self.registry)
+        else:
+            self.registry.register(_StateCollector(snapshot))
+
+    def publish_state(self) -> None:
+        """Multiprocess mode: set the state gauges from the controller now."""
+        if self._state is not None:
+            self._state.publish()
+
+    def start(self) -> None:
+        """In multiprocess mode, publish the state gauges every STATE_PUBLISH_S (call
+        from the running loop)."""
+        if self._state is not None and self._publisher is None:
+            self._publisher = asyncio.create_task(self._publish_forever(), name="state-gauges")
+
+    def stop(self) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            self._publisher = None
+
+    async def _publish_forever(self) -> None:
+        while True:
+            self.publish_state()
+            await asyncio.sleep(STATE_PUBLISH_S)
+
+
+# key in the snapshot's backend entry -> (metric, help, how workers combine)
+PER_BACKEND = {
+    "limit": ("sluice_backend_limit", "Adaptive concurrency limit", "livesum"),
+    "inflight": ("sluice_backend_inflight", "Requests in flight", "livesum"),
+    "kv_usage": ("sluice_backend_kv_usage", "KV-cache usage the backend reports, 0..1", "livemax"),
+    "waiting": ("sluice_backend_waiting", "Requests waiting inside the backend", "livemax"),
+    "healthy": ("sluice_backend_healthy", "1 if the backend is in service", "livemin"),
+    "metrics_fresh": (
+        "sluice_backend_metrics_fresh",
+        "1 if the backend's metrics are fresh (else latency-only control)",
+        "livemin",
+    ),
+}
+
+
+class _StateGauges:
+    """Multiprocess mode: the state gauges as real gauges, set from the snapshot."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> None:
+        self._snapshot = snapshot
+        self.pressure = Gauge(
+            "sluice_pressure",
+            "Overload pressure, 0..1",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.depth = Gauge(
+            "sluice_queue_depth",
+            "Requests queued",
+            ["priority"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.oldest = Gauge(
+            "sluice_queue_oldest_seconds",
+            "Wait of the oldest queued request",
+            ["priority"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.backend = {
+            key: Gauge(name, doc, ["backend"], registry=registry, multiprocess_mode=mode)
+            for key, (name, doc, mode) in PER_BACKEND.items()
+        }
+        self._backends: set[str] = set()
+
+    def publish(self) -> None:
+        s = self._snapshot()
+        self.pressure.set(float(s["pressure"]))
+        for cls, c in s["classes"].items():
+            prio = cls.removeprefix("P")
+            self.depth.labels(prio).set(float(c["queued"]))
+            self.oldest.labels(prio).set(float(c["head_sojourn_s"]))
+        seen = set(s["backends"])
+        for name in self._backends - seen:
+            # a value file cannot forget a label set: a backend that left reads 0
+            for gauge in self.backend.values():
+                gauge.labels(name).set(0.0)
+        self._backends |= seen
+        for name, b in s["backends"].items():
+            for key, gauge in self.backend.items():
+                value = b.get(key)
+                if value is not None:
+                    gauge.labels(name).set(float(value))
 
 
 class _StateCollector(Collector):
@@ -130,7 +310,8 @@ class _StateCollector(Collector):
         yield pressure
         depth = GaugeMetricFamily("sluice_queue_depth", "Requests queued", labels=["priority"])
         oldest = GaugeMetricFamily(
-            "sluice_queue_oldest_seconds", "Wait of the oldest queued request",
+            "sluice_queue_oldest_seconds",
+            "Wait of the oldest queued request",
             labels=["priority"],
         )
         for cls, c in s["classes"].items():
@@ -139,17 +320,9 @@ class _StateCollector(Collector):
             oldest.add_metric([prio], float(c["head_sojourn_s"]))
         yield depth
         yield oldest
-        per_backend = {
-            "limit": ("sluice_backend_limit", "Adaptive concurrency limit"),
-            "inflight": ("sluice_backend_inflight", "Requests in flight"),
-            "kv_usage": ("sluice_backend_kv_usage", "KV-cache usage the backend reports, 0..1"),
-            "waiting": ("sluice_backend_waiting", "Requests waiting inside the backend"),
-            "healthy": ("sluice_backend_healthy", "1 if the backend is in service"),
-            "metrics_fresh": ("sluice_backend_metrics_fresh",
-                              "1 if the backend's metrics are fresh (else latency-only control)"),
+        families = {
+            k: GaugeMetricFamily(n, h, labels=["backend"]) for k, (n, h, _) in PER_BACKEND.items()
         }
-        families = {k: GaugeMetricFamily(n, h, labels=["backend"]) for k, (n, h) in
-                    per_backend.items()}
         for name, b in s["backends"].items():
             for key, fam in families.items():
                 value = b.get(key)

@@ -1,0 +1,333 @@
+"""Tenant quotas shared through a real redis-server (scripts/ensure_redis.sh installs it;
+each test starts its own on a free port in a temporary folder and kills it).
+
+The must-show: two gateway processes in front of the same backend, one Redis: a tenant with
+a quota of N tokens per minute, hit through both, is admitted N (within 5 %) in total, not
+2N; killing Redis mid-test leaves both gateways serving (fail open to local quotas, each gateway
+holding its share of the quota, logged once and exported), and they share the quota again
+once Redis is back."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from conftest import SimFactory
+from gateway_proc import GatewayProcess, start_gateway
+
+from sluice.config import Tenant
+from sluice.core.clock import MonotonicClock
+from sluice.core.quota import InProcessQuotas
+from sluice.gateway.shared_quota import SharedQuotaGate
+
+REDIS_SERVER = shutil.which("redis-server")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        REDIS_SERVER is None, reason="redis-server is missing: run scripts/ensure_redis.sh"
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A throw-away redis-server on 127.0.0.1 (no persistence)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        assert REDIS_SERVER is not None
+        self.proc = subprocess.Popen(
+            [
+                REDIS_SERVER,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if client.ping():
+                    client.close()
+                    return
+            except redis.exceptions.ConnectionError:
+                pass
+            assert self.proc.poll() is None, "redis-server exited at start"
+            assert time.monotonic() < deadline, "redis-server did not answer"
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+# -- the scripts against a real Redis, two "processes" in one ------------------------------
+
+
+def _gate(url: str, *tenants: Tenant, stale_after_s: float = 10.0) -> SharedQuotaGate:
+    return SharedQuotaGate(
+        url, tenants, MonotonicClock(), stale_after_s=stale_after_s, call_timeout_s=1.0
+    )
+
+
+async def test_request_and_token_buckets_behave_like_the_in_process_ones(
+    redis_server: RedisServer,
+) -> None:
+    rpm = Tenant(name="rpm", requests_per_minute=4)
+    tpm = Tenant(name="tpm", tokens_per_minute=600)
+    a, b = _gate(redis_server.url, rpm, tpm), _gate(redis_server.url, rpm, tpm)
+    local = InProcessQuotas([rpm, tpm])
+    try:
+        # 4 requests a minute, two through each process, then both are refused
+        for gate in (a, b, a, b):
+            assert (await gate.acquire("rpm", 1)).ok
+            assert local.acquire("rpm", 1, 0.0).ok
+        for gate in (a, b):
+            refused = await gate.acquire("rpm", 1)
+            expected = local.acquire("rpm", 1, 0.0)
+            assert not refused.ok and not expected.ok
+            assert refused.retry_after_s == pytest.approx(expected.retry_after_s, abs=0.2)
+        assert expected.retry_after_s == 15.0
+
+        # 600 tokens a minute: 500 through one, then 200 through the other waits for 100
+        assert (await a.acquire("tpm", 500)).ok and local.acquire("tpm", 500, 0.0).ok
+        refused = await b.acquire("tpm", 200)
+        expected = local.acquire("tpm", 200, 0.0)
+        assert expected.retry_after_s == 10.0
+        assert not refused.ok
+        assert refused.retry_after_s == pytest.approx(10.0, abs=0.2)
+        # a request that never ran gives its tokens back, for everyone
+        small = await b.acquire("tpm", 90)
+        assert small.ok
+        small.close()
+        await _drain(b)
+        assert (await a.acquire("tpm", 90)).ok
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def _drain(gate: SharedQuotaGate) -> None:
+    await gate.flush()
+
+
+async def test_max_concurrency_holds_across_processes_and_outlives_a_crashed_one(
+    redis_server: RedisServer,
+) -> None:
+    capped = Tenant(name="capped", max_concurrency=2)
+    a = _gate(redis_server.url, capped, stale_after_s=0.5)
+    b = _gate(redis_server.url, capped, stale_after_s=0.5)
+    try:
+        a1 = await a.acquire("capped", 1)
+        b1 = await b.acquire("capped", 1)
+        assert a1.ok and b1.ok
+        refused = await a.acquire("capped", 1)
+        assert not refused.ok and refused.retry_after_s == 1.0
+        b1.ran = True
+        b1.close()
+        await _drain(b)
+        a2 = await a.acquire("capped", 1)
+        assert a2.ok
+        assert not (await b.acquire("capped", 1)).ok
+        # process `a` crashes holding both slots: it never releases nor beats again;
+        # once it has been silent for stale_after_s its slots no longer count
+        crashed_at = time.monotonic()
+        while not (await b.acquire("capped", 1)).ok:
+            assert time.monotonic() - crashed_at < 3.0, "a crashed process's slots stayed"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - crashed_at >= 0.4
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+# -- the must-show: two real gateways, one Redis --------------------------------------------
+
+QUOTA_TOKENS = 2000  # ~37 requests of 54 tokens
+POLICY = """
+tenants:
+  - {{name: metered, apiKeys: [sk-metered], priority: 1, tokensPerMinute: {tpm}}}
+  - {{name: roomy, apiKeys: [sk-roomy], priority: 1, tokensPerMinute: 100000000}}
+admin: {{apiKeys: [sk-demo-admin]}}
+redis: {{url: "{url}"}}
+"""
+# A prompt of token ids: the gateway's estimate is exact, so what is measured is the
+# sharing of the quota, not the prompt estimator (a text prompt's estimate is settled
+# against the real usage when the request ends).
+BODY = {"model": "sluice-sim", "max_tokens": 40, "ignore_eos": True, "prompt": list(range(14))}
+COMPLETIONS = "/v1/completions"
+
+
+async def _hammer(
+    urls: list[str], key: str, per_gateway: int, refusals_each: int, within: float = 30.0
+) -> tuple[Counter[str], list[int], list[httpx.Response], float]:
+    """`per_gateway` client loops on each gateway until every gateway has refused
+    `refusals_each` requests for the quota (the quota is used up everywhere); returns the
+    outcomes, the tokens (prompt + completion) of each admitted request, the refusals,
+    and how long the load lasted."""
+    outcomes: Counter[str] = Counter()
+    used: list[int] = []
+    refusals: list[httpx.Response] = []
+    started = time.monotonic()
+
+    def enough() -> bool:
+        return all(outcomes[f"{u} 429:tenant_quota"] >= refusals_each for u in urls)
+
+    async def loop(client: httpx.AsyncClient, url: str) -> None:
+        while not enough():
+            assert time.monotonic() - started < within, f"quota never used up: {outcomes}"
+            r = await client.post(
+                url + COMPLETIONS, json=BODY, headers={"Authorization": f"Bearer {key}"}
+            )
+            if r.status_code == 200:
+                usage = r.json()["usage"]
+                used.append(usage["prompt_tokens"] + usage["completion_tokens"])
+                outcomes[url + " ok"] += 1
+            else:
+                outcomes[f"{url} {r.status_code}:{r.json()['error']['code']}"] += 1
+                refusals.append(r)
+                await asyncio.sleep(0.02)  # a client that ignores Retry-After, but not a spin
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        await asyncio.gather(*(loop(client, u) for u in urls for _ in range(per_gateway)))
+    return outcomes, used, refusals, time.monotonic() - started
+
+
+def _mode(gw: GatewayProcess) -> dict[str, float]:
+    m = gw.metrics()
+    return {
+        mode: m.get(f'sluice_quota_backend{{mode="{mode}"}}', -1.0) for mode in ("redis", "local")
+    }
+
+
+async def _roomy_requests(urls: list[str], n: int) -> list[tuple[int, float]]:
+    """n requests of the `roomy` tenant (it has a quota, so each is checked) through
+    each gateway: (status, seconds) of each."""
+    async with httpx.AsyncClient(timeout=10) as client:
+
+        async def one(url: str) -> tuple[int, float]:
+            t0 = time.monotonic()
+            r = await client.post(
+                url + COMPLETIONS, json=BODY, headers={"Authorization": "Bearer sk-roomy"}
+            )
+            return r.status_code, time.monotonic() - t0
+
+        return list(await asyncio.gather(*(one(u) for u in urls for _ in range(n))))
+
+
+async def test_two_gateways_share_one_quota_and_survive_losing_redis(
+    sim_factory: SimFactory, redis_server: RedisServer
+) -> None:
+    sim = sim_factory("--profile", "tiny", "--speed", "4")
+    policy = POLICY.format(tpm=QUOTA_TOKENS, url=redis_server.url)
+    gateways = [start_gateway([sim.url], policy) for _ in range(2)]
+    urls = [g.url for g in gateways]
+    try:
+        assert all(_mode(g) == {"redis": 1.0, "local": 0.0} for g in gateways)
+
+        outcomes, used, refusals, seconds = await _hammer(urls, "sk-metered", 4, 20)
+        allowance = QUOTA_TOKENS * (1 + seconds / 60)  # the bucket refills as it goes
+        admitted = sum(used)
+        print(
+            f"admitted {admitted} tokens in {len(used)} requests over {seconds:.2f}s "
+            f"(allowance {allowance:.0f}); {dict(outcomes)}"
+        )
+        for g in gateways:
+            m = g.metrics()
+            print(
+                "Redis errors:",
+                {k: v for k, v in m.items() if "quota_redis_errors" in k},
+                "mode:",
+                _mode(g),
+            )
+        for url in urls:  # both gateways took part, in admissions and in refusals
+            assert outcomes[url + " ok"] > 0
+            assert outcomes[url + " 429:tenant_quota"] > 0
+        assert abs(admitted - allowance) <= 0.05 * allowance
+        for r in refusals:
+            assert r.status_code == 429 and r.json()["error"]["code"] == "tenant_quota"
+            assert int(r.headers["Retry-After"]) >= 1
+            assert 0 < int(r.headers["retry-after-ms"]) <= 60_000
+
+        # Redis dies: both gateways keep serving, without stalls, on local quotas
+        before = await _roomy_requests(urls, 5)
+        assert [s for s, _ in before] == [200] * 10
+        redis_server.kill()
+        during = await _roomy_requests(urls, 10)
+        print(f"without Redis: slowest answer {max(t for _, t in during):.3f}s")
+        assert [s for s, _ in during] == [200] * 20
+        assert max(t for _, t in during) < 2.0
+        for g in gateways:
+            assert _mode(g) == {"redis": 0.0, "local": 1.0}
+            assert g.metrics()["sluice_quota_redis_errors_total"] >= 1
+            assert g.proc.poll() is None
+        # the metered tenant is now held by each gateway on its own, each to its share
+        # (1/2: two processes were alive in Redis), so still about N in total, not 2N
+        outcomes, used, _, seconds = await _hammer(urls, "sk-metered", 4, 10)
+        allowance = QUOTA_TOKENS * (1 + seconds / 60)
+        print(
+            f"without Redis: admitted {sum(used)} tokens (allowance {allowance:.0f}); "
+            f"{dict(outcomes)}"
+        )
+        assert all(outcomes[u + " ok"] > 0 for u in urls)  # fail open, not closed
+        assert abs(sum(used) - allowance) <= 0.1 * allowance
+
+        # Redis is back: the gateways find it within a few probes
+        redis_server.start()
+        deadline = time.monotonic() + 5.0
+        while not all(_mode(g)["redis"] == 1.0 for g in gateways):
+            assert time.monotonic() < deadline, "the gateways never went back to Redis"
+            await asyncio.sleep(0.1)
+        after = await _roomy_requests(urls, 5)
+        assert [s for s, _ in after] == [200] * 10
+    finally:
+        for g in gateways:
+            g.stop()
+    for g in gateways:
+        text = "\n".join(g.output)
+        # logged on each change, not per request (a loaded machine may add a short flap)
+        assert 1 <= text.count("is not answering") <= 3, text[-3000:]
+        assert text.count("answers again") >= 1

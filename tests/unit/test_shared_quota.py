@@ -1,0 +1,343 @@
+"""Shared quotas without Redis: the circuit (shared or local), the core's failover quotas
+and the gate's bookkeeping, with a fake clock and a fake Redis client. The Lua scripts
+themselves run against a real redis-server in tests/integration/test_redis_quota.py."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from sluice.config import Tenant
+from sluice.core.clock import FakeClock, MonotonicClock
+from sluice.core.quota import InProcessQuotas
+from sluice.gateway.shared_quota import (
+    ACQUIRE_LUA,
+    CALL_TIMEOUT_S,
+    FINISH_LUA,
+    FLUSH_S,
+    HEARTBEAT_LUA,
+    PROBE_TIMEOUT_S,
+    PROCESSES_LUA,
+    FailoverQuotas,
+    QuotaCircuit,
+    SharedQuotaGate,
+    tenant_keys,
+)
+
+CAPPED = Tenant(name="capped", tokens_per_minute=1200, requests_per_minute=60, max_concurrency=2)
+FREE = Tenant(name="free")
+
+
+class FakeRedis:
+    """Records script calls; `answer` decides what each returns (or raises)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = []
+        self.answer: Callable[[str, tuple[Any, ...]], Any] = lambda name, args: (
+            1 if name == "processes" else [1]
+        )
+        self.pings = 0
+        self.ping_fails = False
+        self.ping_hangs = False
+
+    def register_script(self, text: str) -> Callable[..., Any]:
+        name = {
+            ACQUIRE_LUA: "acquire",
+            FINISH_LUA: "finish",
+            HEARTBEAT_LUA: "heartbeat",
+            PROCESSES_LUA: "processes",
+        }[text]
+
+        async def call(keys: tuple[Any, ...] = (), args: tuple[Any, ...] = ()) -> Any:
+            self.calls.append((name, tuple(keys), tuple(args)))
+            result = self.answer(name, tuple(args))
+            if isinstance(result, BaseException):
+                raise result
+            if inspect.isawaitable(result):
+                return await result
+            return result
+
+        return call
+
+    async def ping(self) -> bool:
+        self.pings += 1
+        if self.ping_hangs:
+            await asyncio.Event().wait()
+        if self.ping_fails:
+            raise RedisConnectionError("refused")
+        return True
+
+    async def aclose(self) -> None:
+        return None
+
+    async def zrem(self, key: str, member: str) -> int:
+        self.calls.append(("zrem", (key,), (member,)))
+        return 1
+
+    def named(self, name: str) -> list[tuple[Any, ...]]:
+        return [args for n, _, args in self.calls if n == name]
+
+
+async def settle() -> None:
+    """Let background calls and their callbacks run (the fake answers at once)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def make_gate(
+    clock: FakeClock | MonotonicClock, redis: FakeRedis
+) -> tuple[SharedQuotaGate, list[str], list[str]]:
+    modes: list[str] = []
+    errors: list[str] = []
+    gate = SharedQuotaGate(
+        "redis://fake",
+        [CAPPED, FREE],
+        clock,
+        client=redis,
+        on_mode=modes.append,
+        on_error=errors.append,
+    )
+    return gate, modes, errors
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def test_a_tenants_keys_share_one_cluster_slot() -> None:
+    for name in ("chat-app", "a}b", "ü"):
+        keys = tenant_keys(name)
+        assert keys[0] == "{sluice:tenant:" + name + "}:rate"
+        assert len({key_slot(k.encode()) for k in keys}) == 1
+    assert key_slot(tenant_keys("a")[0].encode()) != key_slot(tenant_keys("b")[0].encode())
+
+
+# -- the circuit ----------------------------------------------------------------------------
+
+
+def test_a_refused_connection_goes_local_at_once_and_is_probed_every_second() -> None:
+    clock = FakeClock()
+    c = QuotaCircuit(clock, reprobe_s=1.0)
+    assert c.shared and not c.probe_due()
+    assert c.failure(timeout=False) is True
+    assert not c.shared
+    assert c.failure(timeout=False) is False  # already local: logged once
+    clock.advance(0.999)
+    assert not c.probe_due()
+    clock.advance(0.001)
+    assert c.probe_due()
+    assert c.probe_failed() is False  # that probe failed: already local
+    assert not c.probe_due()
+    clock.advance(1.0)
+    assert c.probe_due()
+    assert c.success() is True
+    assert c.shared and not c.probe_due()
+    assert c.success() is False
+
+
+def test_timeouts_alone_never_go_local_they_call_for_a_probe() -> None:
+    clock = FakeClock()
+    c = QuotaCircuit(clock, timeouts_to_suspect=3)
+    assert c.failure(timeout=True) is False
+    assert c.failure(timeout=True) is False
+    c.success()  # an answer in between starts the count again
+    assert c.failure(timeout=True) is False
+    assert c.failure(timeout=True) is False
+    assert not c.probe_due()
+    assert c.failure(timeout=True) is False
+    assert c.shared and c.probe_due()  # a starved event loop must not fake an outage
+    assert c.success() is False  # the probe answered: still shared, nothing due
+    assert c.shared and not c.probe_due()
+    for _ in range(3):
+        c.failure(timeout=True)
+    assert c.probe_failed() is True  # the probe got no answer either: local
+    assert not c.shared and not c.probe_due()
+    clock.advance(1.0)
+    assert c.probe_due()
+
+
+# -- the core's failover quotas -------------------------------------------------------------
+
+
+def test_failover_quotas_charge_nothing_while_shared_and_locally_while_not() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    local = InProcessQuotas([Tenant(name="t", requests_per_minute=2)])
+    q = FailoverQuotas(local, circuit)
+    for _ in range(5):
+        assert q.acquire("t", 10, 0.0).ok  # shared: Redis decided, the core adds nothing
+    assert local.open_requests("t") == 0
+    circuit.failure(timeout=False)
+    assert q.acquire("t", 10, 0.0).ok
+    assert q.acquire("t", 10, 0.0).ok
+    refused = q.acquire("t", 10, 0.0)
+    assert not refused.ok and refused.retry_after_s == 30.0  # 1 request at 2/min
+    assert local.open_requests("t") == 2
+    circuit.success()  # Redis is back; the two local requests still give back locally
+    q.refund("t", 10, 0.0)
+    assert local.open_requests("t") == 1
+    q.release("t", 0.0)
+    assert local.open_requests("t") == 0
+    q.release("t", 0.0)  # a request admitted through Redis: nothing local to give back
+    q.refund("t", 10, 0.0)
+    assert local.open_requests("t") == 0
+    circuit.failure(timeout=False)
+    assert q.acquire("t", 10, 0.0).ok  # the refund above came back (1 of 2 used)
+    assert not q.acquire("t", 10, 0.0).ok
+
+
+def test_local_quotas_are_this_processs_share_of_the_live_processes() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    local = InProcessQuotas()
+    q = FailoverQuotas(local, circuit)
+    q.set_limits([Tenant(name="t", requests_per_minute=5, max_concurrency=3), FREE])
+    q.set_processes(2, 0.0)  # two gateway processes were alive in Redis
+    circuit.failure(timeout=False)
+    admitted = sum(q.acquire("t", 1, 0.0).ok for _ in range(5))
+    assert admitted == 2  # ceil(3 / 2) slots: maxConcurrency binds before 3 requests
+    assert local.open_requests("t") == 2
+    q.set_processes(1, 0.0)  # the other one is gone: the whole quota again
+    assert q.acquire("t", 1, 0.0).ok
+    assert not q.acquire("t", 1, 0.0).ok  # 3 slots in use
+
+
+def test_failover_quotas_pass_new_limits_to_the_gate() -> None:
+    redis = FakeRedis()
+    gate, _, _ = make_gate(FakeClock(), redis)
+    assert gate.limits("capped") is CAPPED and gate.limits("free") is None
+    new = Tenant(name="free", requests_per_minute=5)
+    gate.controller_quotas.set_limits([new])  # what Controller.apply_policy calls
+    assert gate.limits("free") is new and gate.limits("capped") is None
+
+
+# -- the gate -------------------------------------------------------------------------------
+
+
+async def test_acquire_charges_redis_and_close_gives_back_what_was_not_used() -> None:
+    redis = FakeRedis()
+    gate, _, _ = make_gate(FakeClock(), redis)
+    refunded = await gate.acquire("capped", 300)  # never ran: refused by the core, say
+    used = await gate.acquire("capped", 300)
+    cancelled = await gate.acquire("capped", 300)
+    assert all(t.ok and t.shared for t in (refunded, used, cancelled))
+    (args,) = {a[:4] for a in redis.named("acquire")}
+    assert args == (60, 1200, 2, 300)
+    refunded.close()
+    used.used(40, 60)
+    used.close()
+    cancelled.ran = True  # cancelled in flight: no usage, the estimate stands
+    cancelled.close()
+    cancelled.close()  # once only
+    await settle()
+    await asyncio.sleep(FLUSH_S)
+    await settle()
+    # one call for the three: 1 request and 300 + 200 tokens back, 3 slots released
+    assert [a[:5] for a in redis.named("finish")] == [(60, 1200, 1, 500, 3)]
+    assert gate._open["capped"] == 0
+
+
+async def test_a_refusal_carries_the_windows_retry_after_clamped() -> None:
+    redis = FakeRedis()
+    gate, _, _ = make_gate(FakeClock(), redis)
+    redis.answer = lambda name, args: [0, b"2.5"]
+    t = await gate.acquire("capped", 100)
+    assert (t.ok, t.retry_after_s) == (False, 2.5)
+    redis.answer = lambda name, args: [0, b"0.001"]
+    assert (await gate.acquire("capped", 100)).retry_after_s == 0.1
+    redis.answer = lambda name, args: [0, b"600"]
+    assert (await gate.acquire("capped", 100)).retry_after_s == 60.0
+    t.close()  # a refused ticket gives nothing back
+    assert redis.named("finish") == [] and gate._open["capped"] == 0
+
+
+async def test_tenants_without_a_quota_never_reach_redis() -> None:
+    redis = FakeRedis()
+    gate, _, _ = make_gate(FakeClock(), redis)
+    t = await gate.acquire("free", 100)
+    assert t.ok and not t.shared
+    t.close()
+    assert redis.calls == []
+
+
+async def test_redis_down_goes_local_once_and_requests_stop_trying_it() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, modes, errors = make_gate(clock, redis)
+    await gate.start()
+    await settle()  # its first heartbeat
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    t = await gate.acquire("capped", 100)
+    assert t.ok and not t.shared  # fail open: the core's local quotas take over
+    assert gate.mode == "local" and modes == ["redis", "local"] and errors == ["connection"]
+    before = len(redis.calls)
+    for _ in range(10):
+        assert (await gate.acquire("capped", 100)).ok
+    assert len(redis.calls) == before  # no Redis call per request while local
+    q = gate.controller_quotas
+    assert q.acquire("capped", 100, clock.now()).ok  # charged locally now
+    assert q.local.open_requests("capped") == 1
+    await gate.stop()
+
+
+async def test_a_hanging_redis_costs_a_request_the_call_timeout_until_a_probe_fails() -> None:
+    redis = FakeRedis()
+    gate, modes, errors = make_gate(MonotonicClock(), redis)
+    await gate.start()
+    await settle()
+    hang = asyncio.Event()
+    redis.answer = lambda name, args: hang.wait()
+    redis.ping_hangs = True
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while gate.mode == "redis":
+        t0 = loop.time()
+        t = await gate.acquire("capped", 100)
+        assert t.ok and not t.shared  # fail open, one request at a time
+        assert loop.time() - t0 < CALL_TIMEOUT_S + 0.2  # slack for a loaded machine
+        assert loop.time() - started < 2.0, "never went local"
+    # three timeouts called for a probe; its PING hung too: local
+    assert loop.time() - started >= PROBE_TIMEOUT_S
+    assert modes == ["redis", "local"]
+    assert set(errors) == {"timeout"}
+    assert gate._open["capped"] == 0
+    before = len(redis.calls)
+    assert (await gate.acquire("capped", 100)).ok
+    assert len(redis.calls) == before
+    await gate.stop()
+
+
+async def test_a_client_gone_during_the_check_leaves_no_charge() -> None:
+    redis = FakeRedis()
+    gate, _, _ = make_gate(FakeClock(), redis)
+    answer = asyncio.get_running_loop().create_future()
+    redis.answer = lambda name, args: answer if name == "acquire" else [1]
+    task = asyncio.ensure_future(gate.acquire("capped", 100))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    answer.set_result([1])  # Redis charged it after all
+    await settle()
+    await asyncio.sleep(FLUSH_S)
+    await settle()
+    assert [a[2:5] for a in redis.named("finish")] == [(1, 100, 1)]
+    assert gate._open["capped"] == 0
+
+
+async def test_the_heartbeat_restates_open_requests_of_capped_tenants() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    a = await gate.acquire("capped", 10)
+    await gate.acquire("capped", 10)
+    a.close()
+    await asyncio.sleep(FLUSH_S)  # a release still on its way would race with the beat
+    await settle()
+    await gate._beat()
+    assert redis.named("processes") == [(gate.process, 10.0)]
+    assert redis.named("heartbeat") == [(gate.process, 1)]  # "free" has no cap: no beat
