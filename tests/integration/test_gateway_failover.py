@@ -81,7 +81,7 @@ async def test_kill_one_backend_then_restart(sim_factory: SimFactory) -> None:
 
     # Nobody hangs: every request was answered well within its 5 s client timeout.
     assert not [r for r in results if r.error], [r.error for r in results if r.error][:3]
-    assert max(r.done - r.sent for r in results) < 2.0
+    assert max(r.done - r.sent for r in results) < 4.0
 
     outage = [r for r in results if killed_at + 1.0 <= r.sent < restarted_at]
     core = [r for r in outage if r.kind == "core"]
@@ -105,3 +105,48 @@ async def test_kill_one_backend_then_restart(sim_factory: SimFactory) -> None:
     print(f"\nfallback {1000 * (first_fallback - killed_at):.0f} ms after the kill; "
           f"traffic back {returned_after:.2f} s after the restart")
     assert returned_after <= 5.0
+
+
+MODEL_FALLBACK_POLICY = """
+tenants:
+  - {name: agents, apiKeys: [sk-demo-p1], priority: 1}
+backends:
+  - {name: main, url: "MAIN"}
+  - {name: small, url: "SMALL"}
+features:
+  - name: summarize
+    core: false
+    fallback: {backend: small}
+"""
+
+
+def test_non_core_feature_falls_back_to_a_small_model(sim_factory: SimFactory) -> None:
+    main = sim_factory("--profile", "tiny", "--model", "big-model")
+    small = sim_factory("--profile", "tiny", "--model", "small-model")
+    policy = MODEL_FALLBACK_POLICY.replace("MAIN", main.url).replace("SMALL", small.url)
+    gw = start_gateway([], policy)
+    headers = {"Authorization": "Bearer sk-demo-p1", "X-Sluice-Feature": "summarize"}
+    body = {"model": "big-model", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8}
+    try:
+        ok = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
+        assert ok.status_code == 200 and "X-Sluice-Fallback" not in ok.headers
+        assert ok.json()["model"] == "big-model"
+
+        main.kill()
+        deadline = time.monotonic() + 5
+        while True:
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
+            if r.headers.get("X-Sluice-Fallback") == "model":
+                break
+            assert time.monotonic() < deadline, (r.status_code, r.text)
+        assert r.status_code == 200
+        assert r.json()["model"] == "small-model"
+        assert r.json()["choices"][0]["message"]["content"]
+        # The breaker's state is exported.
+        m = gw.metrics()
+        assert m['sluice_breaker_open{kind="feature",name="summarize"}'] == 1.0
+        assert m['sluice_breaker_transitions_total{kind="feature",name="summarize",'
+                 'state="open"}'] >= 1
+    finally:
+        gw.stop()

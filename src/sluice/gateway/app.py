@@ -76,7 +76,7 @@ class Gateway:
         self.keyring = KeyRing(policy)
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
-        self.features = Features(policy, self.clock)
+        self.features = Features(policy, self.clock, self.telemetry.breaker_changed)
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}"
         self.session: aiohttp.ClientSession | None = None
@@ -97,7 +97,8 @@ class Gateway:
         self.pool = BackendPool(
             list(self.policy.backends), self.controller, self.session, self.clock,
             self.policy.scraper, on_change=self.bridge.pump,
-            on_capacity=self.features.set_healthy_fraction,
+            on_capacity=lambda fraction: self.features.set_healthy_fraction(fraction),
+            on_breaker=self.telemetry.breaker_changed,
         )
         self.relay = Relay(self.session, self.telemetry)
         await self.pool.start()
@@ -118,7 +119,7 @@ class Gateway:
         self.policy = policy
         self.controller.apply_policy(policy)
         self.keyring = KeyRing(policy)
-        self.features = Features(policy, self.clock)
+        self.features = Features(policy, self.clock, self.telemetry.breaker_changed)
         if self.pool is not None:
             self.pool.set_backends(list(policy.backends))
             self.pool.set_scraper(policy.scraper)

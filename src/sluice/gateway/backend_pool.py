@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from sluice.config import Backend, ScraperPolicy
-from sluice.core.circuit_breaker import BreakerSettings, CircuitBreaker
+from sluice.core.circuit_breaker import BreakerSettings, BreakerState, CircuitBreaker
 from sluice.core.clock import Clock, MonotonicClock
 from sluice.core.controller import Controller
 from sluice.core.types import Outcome
@@ -44,6 +44,17 @@ class BackendHandle:
         default_factory=lambda: CircuitBreaker("backend", MonotonicClock(), BACKEND_BREAKER)
     )
 
+    @classmethod
+    def create(cls, spec: Backend, on_breaker: Callable[[str, str], None]) -> BackendHandle:
+        def changed(name: str, state: BreakerState) -> None:
+            level = logging.WARNING if state is BreakerState.OPEN else logging.INFO
+            log.log(level, "circuit breaker %s is now %s", name, state.value)
+            on_breaker(name, state.value)
+
+        breaker = CircuitBreaker(f"backend:{spec.name}", MonotonicClock(), BACKEND_BREAKER,
+                                 on_change=changed)
+        return cls(spec, breaker=breaker)
+
     @property
     def name(self) -> str:
         return self.spec.name
@@ -63,6 +74,7 @@ class BackendPool:
         scraper: ScraperPolicy,
         on_change: Callable[[], None],
         on_capacity: Callable[[float], None] = lambda _fraction: None,
+        on_breaker: Callable[[str, str], None] = lambda _name, _state: None,
     ) -> None:
         self._controller = controller
         self._session = session
@@ -70,6 +82,7 @@ class BackendPool:
         self._scraper = scraper
         self._on_change = on_change
         self._on_capacity = on_capacity
+        self._on_breaker = on_breaker
         self._started = False
         self._tasks: list[asyncio.Task[None]] = []
         self.backends: dict[str, BackendHandle] = {}
@@ -77,7 +90,10 @@ class BackendPool:
 
     def set_backends(self, backends: list[Backend]) -> None:
         old = self.backends
-        self.backends = {b.name: old.get(b.name) or BackendHandle(b) for b in backends}
+        self.backends = {
+            b.name: old.get(b.name) or BackendHandle.create(b, self._on_breaker)
+            for b in backends
+        }
         for b in backends:
             self.backends[b.name].spec = b
             if b.models:

@@ -4,6 +4,7 @@ decides when a non-core feature answers with its fallback instead of queueing.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from sluice.config import Feature, Policy, Tenant
 from sluice.core.circuit_breaker import BreakerSettings, BreakerState, CircuitBreaker
@@ -13,7 +14,8 @@ log = logging.getLogger("sluice.features")
 
 
 class Features:
-    def __init__(self, policy: Policy, clock: Clock) -> None:
+    def __init__(self, policy: Policy, clock: Clock,
+                 on_change: Callable[[str, str], None] | None = None) -> None:
         b = policy.breakers
         settings = BreakerSettings(window_s=b.window, error_rate=b.error_rate,
                                    min_requests=b.min_requests, shed_for_s=b.shed_for,
@@ -22,8 +24,13 @@ class Features:
         self._by_name = {f.name: f for f in policy.features}
         self._by_model = {m: f for f in policy.features for m in f.models}
         self._by_tenant = {t: f for f in policy.features for t in f.tenants}
+        def changed(name: str, state: BreakerState) -> None:
+            _log_change(name, state)
+            if on_change is not None:
+                on_change(name, state.value)
+
         self.breakers = {
-            f.name: CircuitBreaker(f"feature:{f.name}", clock, settings, on_change=_log_change)
+            f.name: CircuitBreaker(f"feature:{f.name}", clock, settings, on_change=changed)
             for f in policy.features
             if not f.core and f.fallback is not None
         }

@@ -114,6 +114,20 @@ class Telemetry:
             registry=r,
         )
         self.policy_ok.set(1)
+        self.breaker_open = Gauge(
+            "sluice_breaker_open",
+            "1 while a circuit breaker refuses (open), 0.5 while it probes (half-open), 0 when "
+            "closed; kind is backend or feature",
+            ["kind", "name"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.breaker_transitions = Counter(
+            "sluice_breaker_transitions",
+            "Circuit breaker state changes, by breaker and the state entered",
+            ["kind", "name", "state"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "sluice_ttft_seconds",
             "Time to first token seen by the client, by class",
@@ -159,6 +173,13 @@ class Telemetry:
     def policy_reloaded(self, ok: bool, _errors: list[str]) -> None:
         self.reloads.labels("ok" if ok else "refused").inc()
         self.policy_ok.set(1 if ok else 0)
+
+    def breaker_changed(self, breaker: str, state: str) -> None:
+        """`breaker` is "kind:name" (CircuitBreaker's name)."""
+        kind, _, name = breaker.partition(":")
+        value = {"open": 1.0, "half_open": 0.5}.get(state, 0.0)
+        self.breaker_open.labels(kind, name).set(value)
+        self.breaker_transitions.labels(kind, name, state).inc()
 
     def set_quota_mode(self, mode: str) -> None:
         for m in QUOTA_MODES:
