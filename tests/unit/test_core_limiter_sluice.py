@@ -279,3 +279,73 @@ def test_describe_is_plain_data() -> None:
     d = lim.describe()
     assert d["cuts"] == 1 and d["cut_reasons"] == {"waiting": 1}
     assert d["slow_start"] is False
+
+
+# -- a backend shared with other gateway replicas ----------------------------------------
+
+# 256 blocks of 16 = 4,096 tokens; the budget is 0.8 of it = 3,276.8
+TINY_KV = {"num_gpu_blocks": 256, "block_size": 16}
+
+
+def shared(own_requests: int, footprint: int = 360) -> SluiceLimiter:
+    lim = limiter()
+    lim.on_metrics(BackendMetrics(at=0.0, **TINY_KV), 0.0)  # type: ignore[arg-type]
+    for n in range(1, own_requests + 1):
+        lim.on_dispatch(n, footprint, 0.0)
+    lim.own_kv_tokens = float(own_requests * footprint)
+    return lim
+
+
+def scrape(lim: SluiceLimiter, running: int, kv_usage: float, waiting: int = 0) -> None:
+    m = BackendMetrics(at=1.0, running=running, waiting=waiting, kv_usage=kv_usage, **TINY_KV)  # type: ignore[arg-type]
+    lim.on_metrics(m, 1.0)
+
+
+def test_alone_on_a_backend_the_whole_budget_is_ours_whatever_the_usage() -> None:
+    lim = shared(3)
+    scrape(lim, running=3, kv_usage=0.6)  # more KV than we estimated, but all ours
+    assert lim.kv_budget_tokens == pytest.approx(3276.8)
+    assert lim.limit == 9  # floor(3276.8 / 360)
+
+
+def test_with_other_replicas_we_claim_our_share_of_the_room_the_scrape_showed() -> None:
+    lim = shared(3)
+    # 9 requests there, 3 ours; 2,048 tokens used, 1,228.8 free within the budget
+    scrape(lim, running=8, waiting=1, kv_usage=0.5)
+    assert lim.kv_budget_tokens == pytest.approx(1080 + 1228.8 / 3)  # 1,489.6
+    assert lim.limit == 4  # floor(1489.6 / 360)
+    # the budget holds until the next scrape: one of ours leaving frees its room to us
+    lim.on_release(2, 1.1)
+    assert lim.kv_budget_tokens == pytest.approx(1489.6)
+
+
+def test_over_the_budget_we_give_back_our_share_of_the_excess() -> None:
+    lim = shared(3)
+    scrape(lim, running=9, kv_usage=0.85)  # 3,481.6 used: 204.8 over
+    assert lim.kv_budget_tokens == pytest.approx(1080 - 204.8 / 3)  # 1,011.7333...
+    assert lim.limit == 2
+
+
+def test_a_replica_with_nothing_in_flight_claims_the_floor_share() -> None:
+    lim = shared(0)
+    scrape(lim, running=6, kv_usage=0.5)
+    assert lim.kv_budget_tokens == pytest.approx(0.25 * 1228.8)  # 307.2
+    scrape(lim, running=12, kv_usage=0.95)  # others overfill it: nothing for us
+    assert lim.kv_budget_tokens == 0.0
+    # (the dispatcher still sends one request to a backend with nothing of ours on it)
+
+
+def test_stale_metrics_or_a_lone_scrape_give_the_whole_budget_back() -> None:
+    lim = shared(3)
+    scrape(lim, running=9, kv_usage=0.5)
+    assert lim.kv_budget_tokens == pytest.approx(1489.6)
+    lim.on_metrics_stale(1.5)
+    assert lim.kv_budget_tokens == pytest.approx(3276.8)
+    scrape(lim, running=9, kv_usage=0.5)
+    scrape(lim, running=3, kv_usage=0.3)  # the others left
+    assert lim.kv_budget_tokens == pytest.approx(3276.8)
+
+
+def test_kv_claim_floor_must_be_a_share() -> None:
+    with pytest.raises(ValueError, match="kv_claim_floor"):
+        limiter(kv_claim_floor=0.0)

@@ -124,8 +124,9 @@ class Controller:
             aging_every=aging_every,
         )
         self._records: dict[str, RequestRecord] = {}
-        self._drain = DrainEstimator(len(PRIORITIES), tau_s=rate_tau_s,
-                                     max_s=policy.pressure.max_retry_after)
+        self._drain = DrainEstimator(
+            len(PRIORITIES), tau_s=rate_tau_s, max_s=policy.pressure.max_retry_after
+        )
         self._cost = cost_model or TokenCostModel()
         self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
         self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
@@ -179,6 +180,9 @@ class Controller:
             return
         b.last_metrics = m
         b.metrics_fresh = True
+        # what is ours in the scrape's KV usage (the rest is other replicas')
+        if hasattr(b.limiter, "own_kv_tokens"):
+            b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
         )
@@ -587,5 +591,7 @@ class Controller:
                 b.limiter = self._new_limiter(b.name, initial=b.limit)
                 b.limiter.on_release(b.inflight, now)
                 if b.metrics_fresh and b.last_metrics is not None:
+                    if hasattr(b.limiter, "own_kv_tokens"):
+                        b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)

@@ -42,6 +42,16 @@ Control:
     estimated KV tokens may not exceed kv_budget_fraction of capacity (the dispatcher
     checks it per request), and the limit is also capped at
     budget / EWMA(footprint of dispatched requests), so it falls at once when prompts grow.
+  * Shared backends (several gateway replicas): when a fresh scrape shows requests on
+    the backend that are not ours (running + waiting > our in-flight count), the budget
+    becomes what we had in flight then (our own estimate) plus our share of the room the
+    scrape showed (budget - kv_usage * capacity; negative when over), within [0, budget].
+    Our share is our in-flight count over the backend's, at least kv_claim_floor (a
+    replica with nothing in flight must be able to start), so replicas that all see the
+    same free cache claim it once between them, not once each; an excess is taken back
+    the same way. Held until the next scrape: a request of ours that leaves frees its
+    room to us at once, another replica's only when a scrape shows it gone. Alone on
+    the backend (or without those metrics) the budget is the whole fraction, as before.
 """
 
 from __future__ import annotations
@@ -84,12 +94,15 @@ class SluiceLimiter(LimiterBase):
         waiting_tolerance: float = 0.0,
         kv_budget_fraction: float = 0.8,
         footprint_alpha: float = 0.5,
+        kv_claim_floor: float = 0.25,
         seed: int | str = 0,
     ) -> None:
         if not 1 <= min_limit <= initial_limit <= max_limit:
             raise ValueError("need 1 <= min_limit <= initial_limit <= max_limit")
         if not 0 < decrease < 1:
             raise ValueError("decrease must be in (0, 1)")
+        if not 0 < kv_claim_floor <= 1:
+            raise ValueError("kv_claim_floor must be in (0, 1]")
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.prompt_fixed_tokens = prompt_fixed_tokens
@@ -127,6 +140,12 @@ class SluiceLimiter(LimiterBase):
         self._inflight = 0
         self._kv_capacity: float | None = None
         self._kv_usage: float | None = None
+        # Estimated KV tokens this replica has in flight on the backend; the controller
+        # sets it before each on_metrics, so the scrape's usage can be split into ours
+        # and other replicas'.
+        self.own_kv_tokens = 0.0
+        self.kv_claim_floor = kv_claim_floor
+        self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
         self._hard = False  # the last scrape showed hard congestion
         self._preemptions_seen: float | None = None
         self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
@@ -142,7 +161,11 @@ class SluiceLimiter(LimiterBase):
     @property
     def kv_budget_tokens(self) -> float | None:
         cap = self._kv_capacity
-        return None if cap is None else cap * self.kv_budget_fraction
+        if cap is None:
+            return None
+        full = cap * self.kv_budget_fraction
+        shared = self._kv_scrape_budget
+        return full if shared is None else shared
 
     @property
     def latency_limit(self) -> float:
@@ -188,6 +211,7 @@ class SluiceLimiter(LimiterBase):
             "tpot_base_s": self._tpot_base.peek(),
             "tpot_ewma_s": self._tpot.value,
             "kv_capacity_tokens": self._kv_capacity,
+            "kv_budget_tokens": self.kv_budget_tokens,
         }
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
@@ -249,6 +273,7 @@ class SluiceLimiter(LimiterBase):
         if m.num_gpu_blocks and m.block_size:
             self._kv_capacity = float(m.num_gpu_blocks * m.block_size)
         self._kv_usage = m.kv_usage
+        self._kv_scrape_budget = self._shared_budget(m)
         reason = ""
         # A request that arrived since the engine's last step shows as waiting until the
         # next one: normal at any load. Queueing is waiting seen on two scrapes in a row.
@@ -275,9 +300,23 @@ class SluiceLimiter(LimiterBase):
             self._cut(now, None, reason)
         self._recompute()
 
+    def _shared_budget(self, m: BackendMetrics) -> float | None:
+        """The KV budget while other replicas use the backend too; None when alone."""
+        cap = self._kv_capacity
+        if cap is None or m.kv_usage is None or m.running is None:
+            return None
+        on_backend = m.running + (m.waiting or 0.0)
+        if on_backend <= self._inflight:
+            return None  # every request there is ours
+        full = cap * self.kv_budget_fraction
+        room = full - m.kv_usage * cap
+        share = max(self.kv_claim_floor, self._inflight / on_backend)
+        return min(full, max(0.0, self.own_kv_tokens + share * room))
+
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
         self._kv_usage = None
+        self._kv_scrape_budget = None
         self._hard = False
         self._preemptions_seen = None
 
