@@ -57,15 +57,15 @@ class DispatchBridge:
 
     def _arm_timer(self) -> None:
         wake_at = self._controller.next_wakeup()
-        if wake_at == self._timer_at:
+        # Keep an armed timer that fires no later than needed: re-arming on every request
+        # (each dispatch sets a first-token alarm) costs more than a wake-up for nothing.
+        if wake_at is None or (self._timer_at is not None and self._timer_at <= wake_at):
             return
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
         self._timer_at = wake_at
-        if wake_at is not None:
-            delay = max(0.0, wake_at - self._clock.now())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        delay = max(0.0, wake_at - self._clock.now())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
