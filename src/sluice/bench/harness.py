@@ -167,6 +167,32 @@ class ArmRun:
     controller_snapshot: dict[str, Any] | None = None
 
 
+def plan_retry(
+    r: ReqState, outcome: str, retry_after: float | None, seed: int, now: float
+) -> float | None:
+    """A failed attempt: if the client tries again, record the retry on `r` (attempt
+    number, when it comes back, whether it follows a Retry-After) and return its delay;
+    None when the client gives up. Shared by virtual time and real mode."""
+    spec = r.spec
+    retry = spec.retry
+    if r.attempt + 1 >= retry.max_attempts or (outcome == TIMEOUT and not retry.on_timeout):
+        return None
+    delay = retry_delay(spec, r.attempt, retry_after, seed)
+    r.ra_retry = (
+        outcome == REJECTED
+        and retry.follow_retry_after
+        and retry_after is not None
+        and retry_after > 0
+    )
+    if r.ra_retry:
+        r.ra_attempts += 1
+    if r.retried_at is None:
+        r.retried_at = []
+    r.retried_at.append((now + delay, outcome, retry_after))
+    r.attempt += 1
+    return delay
+
+
 class _Series:
     """Time series sampled at scrape ticks (downsampled for long runs)."""
 
@@ -413,21 +439,8 @@ class _Run:
     def _retry_or_end(self, t: float, r: ReqState, outcome: str, retry_after: float | None) -> None:
         """The attempt failed: come back later if the client retries, else finish."""
         spec = r.spec
-        retry = spec.retry
-        if r.attempt + 1 < retry.max_attempts and (outcome != TIMEOUT or retry.on_timeout):
-            delay = retry_delay(spec, r.attempt, retry_after, self.seed)
-            r.ra_retry = (
-                outcome == REJECTED
-                and retry.follow_retry_after
-                and retry_after is not None
-                and retry_after > 0
-            )
-            if r.ra_retry:
-                r.ra_attempts += 1
-            if r.retried_at is None:
-                r.retried_at = []
-            r.retried_at.append((t + delay, outcome, retry_after))
-            r.attempt += 1
+        delay = plan_retry(r, outcome, retry_after, self.seed, t)
+        if delay is not None:
             r.aid = f"{spec.request_id}.{r.attempt}"
             r.state = _WAITING_RETRY
             r.first_token_at = None

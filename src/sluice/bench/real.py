@@ -49,10 +49,11 @@ from sluice.bench.harness import (
     ArmRun,
     ArmSpec,
     ReqState,
+    plan_retry,
 )
 from sluice.bench.metrics import arm_results
 from sluice.bench.scenario import CLASSES, Scenario
-from sluice.bench.workload import generate, retry_delay
+from sluice.bench.workload import generate
 from sluice.config import Policy
 
 SATURATED_AT = 0.9
@@ -363,28 +364,14 @@ class _ArmRunner:
     # -- the client -------------------------------------------------------------------
 
     async def _client(self, r: ReqState) -> None:
-        spec = r.spec
         try:
             while True:
                 outcome, retry_after = await self._attempt(r)
                 if outcome in (OK, CANCELLED):
                     self._finish(r, outcome)
                     return
-                retry = spec.retry
-                if r.attempt + 1 < retry.max_attempts and (outcome != TIMEOUT or retry.on_timeout):
-                    delay = retry_delay(spec, r.attempt, retry_after, self.seed)
-                    r.ra_retry = (
-                        outcome == REJECTED
-                        and retry.follow_retry_after
-                        and retry_after is not None
-                        and retry_after > 0
-                    )
-                    if r.ra_retry:
-                        r.ra_attempts += 1
-                    if r.retried_at is None:
-                        r.retried_at = []
-                    r.retried_at.append((self.now() + delay, outcome, retry_after))
-                    r.attempt += 1
+                delay = plan_retry(r, outcome, retry_after, self.seed, self.now())
+                if delay is not None:
                     r.tokens = 0
                     r.first_token_at = r.last_token_at = None
                     r.state = WAITING_RETRY
