@@ -166,7 +166,25 @@ async def _adiscard(response: httpx.Response) -> None:
         await response.aclose()
 
 
-class RetryTransport(httpx.BaseTransport):
+class _EngineView:
+    """What both transports expose of their retry engine."""
+
+    _engine: _RetryEngine
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self._engine.policy
+
+    @property
+    def budget(self) -> RetryBudget:
+        return self._engine.budget
+
+    @property
+    def stats(self) -> RetryStats:
+        return self._engine.stats
+
+
+class RetryTransport(_EngineView, httpx.BaseTransport):
     """Retrying wrapper around a sync httpx transport.
 
     Use: `httpx.Client(transport=RetryTransport())`, e.g. as the `http_client` of
@@ -190,18 +208,6 @@ class RetryTransport(httpx.BaseTransport):
         self._engine = _RetryEngine(policy, budget, rng, clock, wall_clock)
         self._sleep = sleep
 
-    @property
-    def policy(self) -> RetryPolicy:
-        return self._engine.policy
-
-    @property
-    def budget(self) -> RetryBudget:
-        return self._engine.budget
-
-    @property
-    def stats(self) -> RetryStats:
-        return self._engine.stats
-
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         call = self._engine.begin(request)
         attempt = request
@@ -224,7 +230,7 @@ class RetryTransport(httpx.BaseTransport):
         self._inner.close()
 
 
-class AsyncRetryTransport(httpx.AsyncBaseTransport):
+class AsyncRetryTransport(_EngineView, httpx.AsyncBaseTransport):
     """The async twin of `RetryTransport`, for `httpx.AsyncClient` / `openai.AsyncOpenAI`.
 
     `sleep` defaults to asyncio.sleep (under trio, pass `sleep=trio.sleep`).
@@ -244,18 +250,6 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
         self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._engine = _RetryEngine(policy, budget, rng, clock, wall_clock)
         self._sleep = sleep
-
-    @property
-    def policy(self) -> RetryPolicy:
-        return self._engine.policy
-
-    @property
-    def budget(self) -> RetryBudget:
-        return self._engine.budget
-
-    @property
-    def stats(self) -> RetryStats:
-        return self._engine.stats
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         call = self._engine.begin(request)
