@@ -61,7 +61,7 @@ async def test_kill_one_backend_then_restart(sim_factory: SimFactory) -> None:
         except httpx.HTTPError as exc:
             results.append(Result(kind, sent, time.monotonic(), 0, None, None, repr(exc)))
 
-    async with httpx.AsyncClient(timeout=5.0,
+    async with httpx.AsyncClient(timeout=10.0,
                                  limits=httpx.Limits(max_connections=200)) as client:
         tasks: list[asyncio.Task[None]] = []
         killed_at = restarted_at = 0.0
@@ -79,9 +79,9 @@ async def test_kill_one_backend_then_restart(sim_factory: SimFactory) -> None:
         await asyncio.gather(*tasks)
     gw.stop()
 
-    # Nobody hangs: every request was answered well within its 5 s client timeout.
+    # Nobody hangs: every request was answered, well within its 10 s client timeout.
     assert not [r for r in results if r.error], [r.error for r in results if r.error][:3]
-    assert max(r.done - r.sent for r in results) < 4.0
+    assert max(r.done - r.sent for r in results) < 8.0
 
     outage = [r for r in results if killed_at + 1.0 <= r.sent < restarted_at]
     core = [r for r in outage if r.kind == "core"]

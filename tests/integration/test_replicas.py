@@ -7,7 +7,7 @@ three `sluice serve` gateways, and an open-loop client that spreads streaming re
 round-robin over the gateways. A direct burst (no gateway) is the control: the same load
 sent straight to the backends does preempt.
 
-Three replicas do not yet hold (xfail, strict: it fails loudly once they do). Measured on
+Three replicas do not yet hold reliably (xfail, not strict: some runs have 0). Measured on
 a quiet 2-core machine: 1 gateway 0 preemptions (126 of 185 requests served), 3 gateways
 8 preemptions (133 served). Each fresh replica starts at its initial limit (8, 6 usable
 by P1) per backend and counts the whole KV cache as its own budget, so three of them put
@@ -148,7 +148,7 @@ async def test_one_replica_keeps_the_backends_free_of_preemptions_under_a_3x_bur
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="replicas still overshoot a shared backend now and then: with the shared KV "
     "budget 0-2 preemptions with 3 replicas (was 5-8), 0 with 1; see the module docstring",
 )

@@ -203,3 +203,21 @@ def test_max_queue_size_zero_admits_only_what_can_go_at_once() -> None:
     assert c.arrive(req("a")).queued  # a free slot: admitted and dispatched
     assert [x.request_id for x in c.dispatch()] == ["a"]
     assert c.arrive(req("b")).code is RejectCode.QUEUE_FULL
+
+
+def test_a_class_never_sheds_below_the_pressure_that_fast_rejects_a_lower_class() -> None:
+    from sluice.config import parse_policy
+    from sluice.core.controller import class_thresholds
+
+    seed = parse_policy("pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}")
+    # P2 is fast-reject in the seed's queues: P1 (early-drop) sheds only from 0.8 on.
+    assert [t.shed_above for t in class_thresholds(seed)] == [0.8, 0.8, 0.5]
+    assert [t.fast_reject_above for t in class_thresholds(seed)] == [0.8, 0.8, 0.8]
+    no_fast = parse_policy("""
+queues:
+  - {priority: 0, name: a, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+  - {priority: 1, name: b, maxQueueSize: 1, timeout: 1s, dropPolicy: early-drop-on-pressure}
+  - {priority: 2, name: c, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}
+""")
+    assert [t.shed_above for t in class_thresholds(no_fast)] == [0.5, 0.5, 0.5]

@@ -16,7 +16,7 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy
+from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy, PressurePolicy
 from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.clock import Clock
@@ -86,6 +86,20 @@ class ClassCounters:
         }
 
 
+def class_thresholds(policy: Policy) -> list[PressurePolicy]:
+    """Per class, the pressure thresholds it is judged by. A class never sheds at a
+    pressure below the one at which a lower class is fast-rejected: P2 is refused before
+    P1, P1 before P0."""
+    out = []
+    for prio in PRIORITIES:
+        below = [policy.queue(p) for p in PRIORITIES if p > prio]
+        shed = policy.pressure.shed_above
+        if any(q.drop_policy is DropPolicy.FAST_REJECT for q in below):
+            shed = max(shed, policy.pressure.fast_reject_above)
+        out.append(policy.pressure.model_copy(update={"shed_above": shed}))
+    return out
+
+
 def _bump(d: dict[str, int], key: str) -> None:
     d[key] = d.get(key, 0) + 1
 
@@ -124,6 +138,7 @@ class Controller:
             aging_every=aging_every,
         )
         self._records: dict[str, RequestRecord] = {}
+        self._thresholds = class_thresholds(policy)
         self._drain = DrainEstimator(
             len(PRIORITIES), tau_s=rate_tau_s, max_s=policy.pressure.max_retry_after
         )
@@ -245,13 +260,14 @@ class Controller:
         else:
             pressure = 0.0 if policy.drop_policy is DropPolicy.TAIL else self.pressure()
             predicted = 0.0
-            if pressure >= self._policy.pressure.shed_above and self._drain.warm(now):
+            thresholds = self._thresholds[prio]
+            if pressure >= thresholds.shed_above and self._drain.warm(now):
                 predicted = self._drain.wait_estimate(
                     prio, now, ahead=len(q), queued_above=self._queued_above(prio)
                 )
             code = admission_code(
                 policy,
-                self._policy.pressure,
+                thresholds,
                 queued=len(q),
                 can_dispatch_now=self._dispatcher.has_free_slot(prio),
                 pressure=pressure,
@@ -578,6 +594,7 @@ class Controller:
         self._policy = policy
         for q in self._queues:
             q.policy = policy.queue(q.priority)
+        self._thresholds = class_thresholds(policy)
         self._drain.max_s = policy.pressure.max_retry_after
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after

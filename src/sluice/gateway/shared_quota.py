@@ -45,7 +45,7 @@ log = logging.getLogger("sluice.quota")
 
 # Constants until the policy has keys for them (redis.keyPrefix, redis.timeout...).
 KEY_PREFIX = "sluice"
-CALL_TIMEOUT_S = 0.25  # every call on the request path; a slower answer counts as failing
+CALL_TIMEOUT_S = 1.0  # every call on the request path; a slower answer counts as failing
 PROBE_TIMEOUT_S = 0.5  # the background PING (while local, or after timeouts)
 REPROBE_S = 1.0  # while local, try Redis again this often (not on every request)
 TIMEOUTS_TO_SUSPECT = 3  # timeouts in a row that call for a probe (a refused connection
