@@ -97,7 +97,7 @@ def _pump(stream: IO[str], sink: list[str], ready: threading.Event) -> None:
             ready.set()
 
 
-def start_sim(*args: str, timeout: float = 15.0) -> SimProcess:
+def start_sim(*args: str, timeout: float = 30.0) -> SimProcess:
     """Start `sluice sim ARGS...` as a real process and wait until /health answers."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -137,14 +137,14 @@ def start_sim(*args: str, timeout: float = 15.0) -> SimProcess:
 
 
 class SimFactory(Protocol):
-    def __call__(self, *args: str, timeout: float = 15.0) -> SimProcess: ...
+    def __call__(self, *args: str, timeout: float = 30.0) -> SimProcess: ...
 
 
 @pytest.fixture
 def sim_factory() -> Iterator[SimFactory]:
     started: list[SimProcess] = []
 
-    def factory(*args: str, timeout: float = 15.0) -> SimProcess:
+    def factory(*args: str, timeout: float = 30.0) -> SimProcess:
         sim = start_sim(*args, timeout=timeout)
         started.append(sim)
         return sim

@@ -45,7 +45,7 @@ class GatewayProcess:
 
 
 def start_gateway(
-    backends: list[str], policy_yaml: str | None = None, *extra: str, timeout: float = 20.0,
+    backends: list[str], policy_yaml: str | None = None, *extra: str, timeout: float = 30.0,
     wait_ready: bool = True,
 ) -> GatewayProcess:
     """`sluice serve --port 0 --backend URL...` with the example policy, or with the given

