@@ -14,6 +14,7 @@ this one that had no first token yet (the prefill work it queued behind).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
 from sluice.core.types import BackendMetrics, Sample
@@ -55,12 +56,13 @@ class Limiter(Protocol):
         ...
 
 
-class LimiterBase:
+class LimiterBase(ABC):
     """No-op defaults, so an algorithm only writes the callbacks it uses."""
 
     @property
-    def limit(self) -> int:  # pragma: no cover - every subclass overrides it
-        raise NotImplementedError
+    @abstractmethod
+    def limit(self) -> int:
+        """The number of requests the backend may have in flight now."""
 
     @property
     def kv_budget_tokens(self) -> float | None:
