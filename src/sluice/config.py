@@ -189,6 +189,11 @@ class ServerPolicy(_Model):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     # A client must send its whole request within this time.
     read_timeout: Duration = Field(default=30.0, gt=0)
+    # A new connection must send a complete request head (line and headers) within this.
+    header_timeout: Duration = Field(default=10.0, gt=0)
+    # A kept-alive connection must send its next request head within this of the previous
+    # answer; one idle this long is closed.
+    idle_timeout: Duration = Field(default=60.0, gt=0)
     # Upstream call cap when the client sets no deadline.
     upstream_timeout: Duration = Field(default=600.0, gt=0)
     # SIGTERM: stop accepting, let open streams finish for at most this long.

@@ -28,7 +28,7 @@ from gateway_proc import GatewayProcess, start_gateway
 from sluice.config import Tenant
 from sluice.core.clock import MonotonicClock
 from sluice.core.quota import InProcessQuotas
-from sluice.gateway.shared_quota import SharedQuotaGate
+from sluice.gateway.shared_quota import SharedQuotaGate, tenant_keys
 
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = [
@@ -184,12 +184,55 @@ async def test_max_concurrency_holds_across_processes_and_outlives_a_crashed_one
         await b.stop()
 
 
+async def test_parts_of_the_demand_add_up_and_a_restarted_redis_gets_its_levels_back(
+    redis_server: RedisServer,
+) -> None:
+    tpm = Tenant(name="tpm", tokens_per_minute=6000)
+    a, b = _gate(redis_server.url, tpm), _gate(redis_server.url, tpm)
+    try:
+        started = time.monotonic()
+        for _ in range(3):
+            assert (await a.acquire("tpm", 100)).ok
+        assert (await b.acquire("tpm", 100)).ok
+        await a._refresh_sight("tpm")  # what the heartbeat does for a quiet tenant
+        seen_a = a.controller_quotas.sight("tpm")
+        seen_b = b.controller_quotas.sight("tpm")
+        assert seen_a is not None and seen_b is not None
+        # 300 and 100 tokens asked, moments apart: 3/4 and 1/4 (demand decays by 1/30 a s)
+        assert seen_a.part == pytest.approx(0.75, abs=0.01)
+        assert seen_b.part == pytest.approx(0.25, abs=0.01)
+        # 6000 - 400, + what refilled since (100 a second)
+        assert 5600 <= seen_a.tokens_level <= 5600 + 100 * (time.monotonic() - started)
+        # Redis restarts (empty) while `a` holds its share; once it is back, `a` restores
+        # the level it last saw and charges what it admitted meanwhile
+        await a.start()
+        redis_server.kill()
+        ticket = await a.acquire("tpm", 1000)
+        assert ticket.ok and not ticket.shared and a.mode == "local"
+        assert a.controller_quotas.acquire("tpm", 1000, a._clock.now()).ok
+        redis_server.start()
+        deadline = time.monotonic() + 5.0
+        while a.mode != "redis":
+            assert time.monotonic() < deadline, "never went back to Redis"
+            await asyncio.sleep(0.05)
+        # 5600 as last seen, + 100 a second refilled since, - the 1000 admitted locally
+        client = redis.Redis(port=redis_server.port)
+        level = float(client.hget(tenant_keys("tpm")[0], "tl"))
+        client.close()
+        refilled = 100 * (a._clock.now() - seen_a.at)
+        assert seen_a.tokens_level - 1000 <= level <= seen_a.tokens_level + refilled - 1000
+    finally:
+        await a.stop()
+        await b.stop()
+
+
 # -- the must-show: two real gateways, one Redis --------------------------------------------
 
 QUOTA_TOKENS = 2000  # ~37 requests of 54 tokens
 POLICY = """
 tenants:
   - {{name: metered, apiKeys: [sk-metered], priority: 1, tokensPerMinute: {tpm}}}
+  - {{name: midway, apiKeys: [sk-midway], priority: 1, tokensPerMinute: {tpm}}}
   - {{name: roomy, apiKeys: [sk-roomy], priority: 1, tokensPerMinute: 100000000}}
 admin: {{apiKeys: [sk-demo-admin]}}
 redis: {{url: "{url}"}}
@@ -199,41 +242,71 @@ redis: {{url: "{url}"}}
 # against the real usage when the request ends).
 BODY = {"model": "sluice-sim", "max_tokens": 40, "ignore_eos": True, "prompt": list(range(14))}
 COMPLETIONS = "/v1/completions"
+# What the gateways hold a tenant to, as a ratio of the token bucket's allowance over the
+# time measured (N, plus N/60 a second). With Redis: the issue's 5 %. With the processes
+# holding their shares apart (after a loss, and back): never more than 5 % over; under by
+# at most what two local buckets can hold back for being less than one request (54 tokens
+# each, 5.4 % of N). Measured in 25 runs: 0.977-0.991 with Redis, 0.965-0.997 apart.
+REDIS_BOUND = (0.95, 1.05)
+LOCAL_BOUND = (0.93, 1.05)
+
+
+class Load:
+    """Tokens a tenant was admitted through the gateways, and the outcomes."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.used: list[int] = []
+        self.refusals: list[httpx.Response] = []
+
+    @property
+    def admitted(self) -> int:
+        return sum(self.used)
 
 
 async def _hammer(
-    urls: list[str], key: str, per_gateway: int, refusals_each: int, within: float = 30.0
-) -> tuple[Counter[str], list[int], list[httpx.Response], float]:
+    urls: list[str],
+    key: str,
+    per_gateway: int,
+    *,
+    refusals_each: int = 0,
+    tokens: int = 0,
+    within: float = 30.0,
+) -> Load:
     """`per_gateway` client loops on each gateway until every gateway has refused
-    `refusals_each` requests for the quota (the quota is used up everywhere); returns the
-    outcomes, the tokens (prompt + completion) of each admitted request, the refusals,
-    and how long the load lasted."""
-    outcomes: Counter[str] = Counter()
-    used: list[int] = []
-    refusals: list[httpx.Response] = []
+    `refusals_each` requests for the quota (the quota is used up everywhere), or until
+    `tokens` were admitted in all."""
+    load = Load()
     started = time.monotonic()
 
     def enough() -> bool:
-        return all(outcomes[f"{u} 429:tenant_quota"] >= refusals_each for u in urls)
+        if tokens:
+            return load.admitted >= tokens
+        return all(load.outcomes[f"{u} 429:tenant_quota"] >= refusals_each for u in urls)
 
     async def loop(client: httpx.AsyncClient, url: str) -> None:
         while not enough():
-            assert time.monotonic() - started < within, f"quota never used up: {outcomes}"
+            assert time.monotonic() - started < within, f"quota never used up: {load.outcomes}"
             r = await client.post(
                 url + COMPLETIONS, json=BODY, headers={"Authorization": f"Bearer {key}"}
             )
             if r.status_code == 200:
                 usage = r.json()["usage"]
-                used.append(usage["prompt_tokens"] + usage["completion_tokens"])
-                outcomes[url + " ok"] += 1
+                load.used.append(usage["prompt_tokens"] + usage["completion_tokens"])
+                load.outcomes[url + " ok"] += 1
             else:
-                outcomes[f"{url} {r.status_code}:{r.json()['error']['code']}"] += 1
-                refusals.append(r)
+                load.outcomes[f"{url} {r.status_code}:{r.json()['error']['code']}"] += 1
+                load.refusals.append(r)
                 await asyncio.sleep(0.02)  # a client that ignores Retry-After, but not a spin
 
     async with httpx.AsyncClient(timeout=30) as client:
         await asyncio.gather(*(loop(client, u) for u in urls for _ in range(per_gateway)))
-    return outcomes, used, refusals, time.monotonic() - started
+    return load
+
+
+def _ratio(admitted: int, since: float) -> float:
+    """Admitted tokens over what a full bucket allows from `since` to now."""
+    return admitted / (QUOTA_TOKENS * (1 + (time.monotonic() - since) / 60))
 
 
 def _mode(gw: GatewayProcess) -> dict[str, float]:
@@ -265,32 +338,24 @@ async def test_two_gateways_share_one_quota_and_survive_losing_redis(
     policy = POLICY.format(tpm=QUOTA_TOKENS, url=redis_server.url)
     gateways = [start_gateway([sim.url], policy) for _ in range(2)]
     urls = [g.url for g in gateways]
+    ratios: dict[str, float] = {}
     try:
         assert all(_mode(g) == {"redis": 1.0, "local": 0.0} for g in gateways)
 
-        outcomes, used, refusals, seconds = await _hammer(urls, "sk-metered", 4, 20)
-        allowance = QUOTA_TOKENS * (1 + seconds / 60)  # the bucket refills as it goes
-        admitted = sum(used)
-        print(
-            f"admitted {admitted} tokens in {len(used)} requests over {seconds:.2f}s "
-            f"(allowance {allowance:.0f}); {dict(outcomes)}"
-        )
-        for g in gateways:
-            m = g.metrics()
-            print(
-                "Redis errors:",
-                {k: v for k, v in m.items() if "quota_redis_errors" in k},
-                "mode:",
-                _mode(g),
-            )
+        # Redis holds the quota: used up through both gateways, N in all (not 2N)
+        metered_since = time.monotonic()
+        metered = await _hammer(urls, "sk-metered", 4, refusals_each=20)
+        ratios["redis"] = _ratio(metered.admitted, metered_since)
         for url in urls:  # both gateways took part, in admissions and in refusals
-            assert outcomes[url + " ok"] > 0
-            assert outcomes[url + " 429:tenant_quota"] > 0
-        assert abs(admitted - allowance) <= 0.05 * allowance
-        for r in refusals:
+            assert metered.outcomes[url + " ok"] > 0
+            assert metered.outcomes[url + " 429:tenant_quota"] > 0
+        for r in metered.refusals:
             assert r.status_code == 429 and r.json()["error"]["code"] == "tenant_quota"
             assert int(r.headers["Retry-After"]) >= 1
             assert 0 < int(r.headers["retry-after-ms"]) <= 60_000
+        # a second tenant uses half of its quota before Redis dies
+        midway_since = time.monotonic()
+        midway = await _hammer(urls, "sk-midway", 4, tokens=QUOTA_TOKENS // 2)
 
         # Redis dies: both gateways keep serving, without stalls, on local quotas
         before = await _roomy_requests(urls, 5)
@@ -304,20 +369,17 @@ async def test_two_gateways_share_one_quota_and_survive_losing_redis(
             assert _mode(g) == {"redis": 0.0, "local": 1.0}
             assert g.metrics()["sluice_quota_redis_errors_total"] >= 1
             assert g.proc.poll() is None
-        # the metered tenant is now held by each gateway on its own, each to its share
-        # (1/2: two processes were alive in Redis), so still about N in total, not 2N
-        outcomes, used, _, seconds = await _hammer(urls, "sk-metered", 4, 10)
-        allowance = QUOTA_TOKENS * (1 + seconds / 60)
-        print(
-            f"without Redis: admitted {sum(used)} tokens (allowance {allowance:.0f}); "
-            f"{dict(outcomes)}"
-        )
-        assert all(outcomes[u + " ok"] > 0 for u in urls)  # fail open, not closed
-        # Each process holds its share; measured 0.96-1.47 x N here (the shares are not yet
-        # exact after a loss: see the session notes), never the 2N of independent quotas.
-        assert sum(used) < 1.75 * allowance
+        # Each gateway now holds its share of what was left of each quota: the half of
+        # `midway` still unused (not a whole quota each, nor one more in all) ...
+        rest = await _hammer(urls, "sk-midway", 4, refusals_each=10)
+        assert all(rest.outcomes[u + " ok"] > 0 for u in urls)  # fail open, not closed
+        ratios["midway, Redis lost halfway"] = _ratio(midway.admitted + rest.admitted, midway_since)
+        # ... and of `metered`, used up before the loss: only what refilled since
+        more = await _hammer(urls, "sk-metered", 4, refusals_each=10)
+        local_metered = more.admitted
 
-        # Redis is back: the gateways find it within a few probes
+        # Redis is back (empty: a restart): the gateways find it within a few probes and
+        # charge it what they admitted meanwhile, so `metered` is not handed out again
         redis_server.start()
         deadline = time.monotonic() + 5.0
         while not all(_mode(g)["redis"] == 1.0 for g in gateways):
@@ -325,6 +387,20 @@ async def test_two_gateways_share_one_quota_and_survive_losing_redis(
             await asyncio.sleep(0.1)
         after = await _roomy_requests(urls, 5)
         assert [s for s, _ in after] == [200] * 10
+        back = await _hammer(urls, "sk-metered", 4, refusals_each=10)
+        total = metered.admitted + local_metered + back.admitted
+        ratios["metered, lost and back"] = _ratio(total, metered_since)
+        print(
+            f"metered: {metered.admitted} with Redis, {local_metered} without, "
+            f"{back.admitted} after; midway: {midway.admitted} with Redis, "
+            f"{rest.admitted} without"
+        )
+        print("ratios to the allowance:", {k: round(v, 3) for k, v in ratios.items()})
+        low, high = REDIS_BOUND
+        assert low <= ratios["redis"] <= high
+        low, high = LOCAL_BOUND
+        assert low <= ratios["midway, Redis lost halfway"] <= high
+        assert low <= ratios["metered, lost and back"] <= high
     finally:
         for g in gateways:
             g.stop()

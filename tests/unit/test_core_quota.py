@@ -7,7 +7,7 @@ import pytest
 from sluice.config import Policy, Tenant
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.quota import InProcessQuotas
+from sluice.core.quota import InProcessQuotas, QuotaShare, local_fraction, refilled
 from sluice.core.types import Outcome, RejectCode, RequestInfo
 
 
@@ -76,3 +76,52 @@ def test_hot_reload_changes_quotas() -> None:
     assert not q.acquire("t", 1, 0.0).ok
     q.set_limits([Tenant(name="t")], 0.0)  # quota removed
     assert q.acquire("t", 1, 0.0).ok
+
+
+# -- one process's share of a quota enforced apart ------------------------------------------
+
+
+def test_a_share_scales_every_limit_and_starts_from_its_part_of_what_was_left() -> None:
+    q = InProcessQuotas(
+        [Tenant(name="t", requests_per_minute=10, tokens_per_minute=1200, max_concurrency=5)]
+    )
+    # a quarter of the quota; the tenant had 4 requests and 600 tokens left of its minute;
+    # one request admitted before is still running here
+    q.set_share("t", QuotaShare(0.25, requests_level=4.0, tokens_level=600.0, open=1), 0.0)
+    assert q.levels("t", 0.0) == (1.0, 150.0)
+    assert q.open_requests("t") == 1
+    assert q.acquire("t", 150, 0.0).ok
+    # maxConcurrency: ceil(5 / 4) = 2 slots, the running one included
+    assert q.acquire("t", 1, 0.0).retry_after_s == 1.0
+    q.release("t", 0.0)
+    d = q.acquire("t", 1, 0.0)
+    assert not d.ok and d.retry_after_s == pytest.approx(24.0)  # 1 request at 2.5/min
+    # refilled at a quarter of the rate (5 tokens/s), up to a quarter of the capacity
+    assert q.levels("t", 10.0) == (pytest.approx(10 * 2.5 / 60), 50.0)
+    assert q.levels("t", 600.0) == (2.5, 300.0)  # a long loss: one share, never more
+    # new limits (a reload) keep the share
+    q.set_limits([Tenant(name="t", tokens_per_minute=2400)], 600.0)
+    assert q.levels("t", 1200.0) == (None, 600.0)
+
+
+def test_a_share_without_known_levels_starts_full() -> None:
+    q = InProcessQuotas([Tenant(name="t", tokens_per_minute=1000, max_concurrency=1)])
+    q.set_share("t", QuotaShare(0.1), 5.0)
+    assert q.levels("t", 5.0) == (None, 100.0)
+    assert q.acquire("t", 1, 5.0).ok
+    assert not q.acquire("t", 1, 5.0).ok  # a cap is never cut to nothing: 1 slot
+
+
+def test_local_fractions_follow_the_traffic_and_add_up_to_one() -> None:
+    assert local_fraction(None, 4, 0.1) == 0.25  # nothing known: even shares
+    assert local_fraction(0.5, 2, 0.1) == 0.5
+    assert local_fraction(0.0, 2, 0.1) == pytest.approx(0.05)  # the floor's even part
+    parts = [0.6, 0.3, 0.1, 0.0]
+    assert sum(local_fraction(p, 4, 0.1) for p in parts) == pytest.approx(1.0)
+    assert local_fraction(1.2, 0, 0.1) == 1.0  # clamped; at least one process
+
+
+def test_refilled_caps_at_the_capacity() -> None:
+    assert refilled(-60.0, 600, 6.0) == 0.0
+    assert refilled(500.0, 600, 60.0) == 600.0
+    assert refilled(10.0, 600, -1.0) == 10.0  # clocks do not run backwards

@@ -24,9 +24,13 @@ from sluice.gateway.shared_quota import (
     HEARTBEAT_LUA,
     PROBE_TIMEOUT_S,
     PROCESSES_LUA,
+    RESUME_LUA,
+    SIGHT_LUA,
     TIMEOUTS_TO_SUSPECT,
     FailoverQuotas,
+    HandBack,
     QuotaCircuit,
+    QuotaSight,
     SharedQuotaGate,
     tenant_keys,
 )
@@ -35,14 +39,20 @@ CAPPED = Tenant(name="capped", tokens_per_minute=1200, requests_per_minute=60, m
 FREE = Tenant(name="free")
 
 
+NO_SIGHT = [b"-1", b"-1", b"-1"]  # levels and part of the demand: none known
+
+
+def default_answer(name: str, args: tuple[Any, ...]) -> Any:
+    answers = {"acquire": [1, b"0", *NO_SIGHT], "sight": NO_SIGHT, "finish": NO_SIGHT[:2]}
+    return answers.get(name, 1)
+
+
 class FakeRedis:
     """Records script calls; `answer` decides what each returns (or raises)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = []
-        self.answer: Callable[[str, tuple[Any, ...]], Any] = lambda name, args: (
-            1 if name == "processes" else [1]
-        )
+        self.answer: Callable[[str, tuple[Any, ...]], Any] = default_answer
         self.pings = 0
         self.ping_fails = False
         self.ping_hangs = False
@@ -53,6 +63,8 @@ class FakeRedis:
             FINISH_LUA: "finish",
             HEARTBEAT_LUA: "heartbeat",
             PROCESSES_LUA: "processes",
+            SIGHT_LUA: "sight",
+            RESUME_LUA: "resume",
         }[text]
 
         async def call(keys: tuple[Any, ...] = (), args: tuple[Any, ...] = ()) -> Any:
@@ -114,6 +126,7 @@ def test_a_tenants_keys_share_one_cluster_slot() -> None:
     for name in ("chat-app", "a}b", "ü"):
         keys = tenant_keys(name)
         assert keys[0] == "{sluice:tenant:" + name + "}:rate"
+        assert len(keys) == 4
         assert len({key_slot(k.encode()) for k in keys}) == 1
     assert key_slot(tenant_keys("a")[0].encode()) != key_slot(tenant_keys("b")[0].encode())
 
@@ -191,19 +204,105 @@ def test_failover_quotas_charge_nothing_while_shared_and_locally_while_not() -> 
     assert not q.acquire("t", 10, 0.0).ok
 
 
-def test_local_quotas_are_this_processs_share_of_the_live_processes() -> None:
+def test_without_a_sight_local_quotas_are_an_even_share_of_the_live_processes() -> None:
     circuit = QuotaCircuit(FakeClock())
     local = InProcessQuotas()
     q = FailoverQuotas(local, circuit)
     q.set_limits([Tenant(name="t", requests_per_minute=5, max_concurrency=3), FREE])
     q.set_processes(2, 0.0)  # two gateway processes were alive in Redis
     circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert q.local.levels("t", 0.0) == (2.5, None)
     admitted = sum(q.acquire("t", 1, 0.0).ok for _ in range(5))
     assert admitted == 2  # ceil(3 / 2) slots: maxConcurrency binds before 3 requests
     assert local.open_requests("t") == 2
-    q.set_processes(1, 0.0)  # the other one is gone: the whole quota again
-    assert q.acquire("t", 1, 0.0).ok
-    assert not q.acquire("t", 1, 0.0).ok  # 3 slots in use
+    q.set_processes(1, 0.0)  # the other one is gone: the whole quota at the next loss
+    q.take_over(60.0, {})
+    assert q.acquire("t", 1, 60.0).ok
+    assert not q.acquire("t", 1, 60.0).ok  # 3 slots in use
+
+
+METERED = Tenant(name="m", tokens_per_minute=1200)  # 20 tokens/s
+
+
+def _lost(part: float, tokens_level: float, *, processes: int = 2) -> FailoverQuotas:
+    """A process that saw the tenant at 0 s (its part of the demand, the level), then
+    lost Redis at 3 s."""
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit, floor=0.1)
+    q.set_limits([METERED])
+    q.set_processes(processes, 0.0)
+    q.observe("m", QuotaSight(None, tokens_level, part, 0.0))
+    circuit.failure(timeout=False)
+    q.take_over(3.0, {})
+    return q
+
+
+def _drain(q: FailoverQuotas, now: float) -> int:
+    """Tokens admitted one at a time until refused."""
+    n = 0
+    while q.acquire("m", 1, now).ok:
+        n += 1
+    return n
+
+
+def test_going_local_keeps_this_processs_part_of_what_was_left() -> None:
+    q = _lost(0.25, 600.0)
+    # 600 + 3 s x 20 = 660 left; the part: 0.9 x 0.25 + 0.1 / 2 = 0.275 -> 181.5 tokens,
+    # refilled at 5.5/s up to 330
+    assert q.local.levels("m", 3.0) == (None, pytest.approx(181.5))
+    assert _drain(q, 3.0) == 181
+    refused = q.acquire("m", 1, 3.0)
+    assert refused.retry_after_s == pytest.approx(0.5 / 5.5)
+    assert q.local.levels("m", 3.0 + 600.0)[1] == pytest.approx(330.0)
+
+
+def test_processes_going_local_together_hold_the_quota_once_however_long() -> None:
+    parts = (0.7, 0.2, 0.1)  # of the demand, as Redis showed each of three processes
+    apart = [_lost(p, 300.0, processes=3) for p in parts]
+    # what was left (300 + 3 s x 20), once, not once per process
+    assert sum(_drain(q, 3.0) for q in apart) == pytest.approx(360, abs=3)
+    # then the quota's rate, and after any number of minutes one quota, not one each
+    assert sum(_drain(q, 33.0) for q in apart) == pytest.approx(600, abs=3)
+    assert sum(_drain(q, 33.0 + 600.0) for q in apart) == pytest.approx(1200, abs=3)
+
+
+def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None:
+    q = _lost(0.5, 600.0)
+    assert q.hand_back(3.0)["m"] == HandBack(0.0, 0.0, -1.0, 660.0)  # below full: restore
+    assert q.acquire("m", 100, 3.0).ok
+    assert q.acquire("m", 100, 3.0).ok
+    q.refund("m", 100, 4.0)  # one never ran
+    q.settle("m", -40, 5.0)  # the other used 60
+    assert q.hand_back(6.0)["m"] == HandBack(1.0, 60.0, -1.0, 720.0)
+    q.handed_back()
+    q._circuit.success()  # shared again: nothing more is counted for Redis
+    q.release("m", 7.0)
+    assert q.hand_back(60.0) == {}  # used nothing since, and the levels are full again
+
+
+def test_requests_running_at_the_loss_hold_their_slots_until_they_end() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit)
+    q.set_limits([Tenant(name="c", max_concurrency=4)])
+    q.set_processes(1, 0.0)
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {"c": 3})  # three admitted through Redis, still running here
+    assert q.acquire("c", 1, 0.0).ok
+    assert not q.acquire("c", 1, 0.0).ok
+    q.release("c", 1.0)  # one of them ends
+    assert q.acquire("c", 1, 1.0).ok
+
+
+def test_a_tenant_added_while_local_gets_its_share_too() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit)
+    q.set_limits([FREE])
+    q.set_processes(4, 0.0)
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    q.set_limits([FREE, METERED], 1.0)  # a reload while Redis is lost
+    assert q.local.levels("m", 1.0) == (None, 300.0)
 
 
 def test_failover_quotas_pass_new_limits_to_the_gate() -> None:
@@ -244,12 +343,12 @@ async def test_acquire_charges_redis_and_close_gives_back_what_was_not_used() ->
 async def test_a_refusal_carries_the_windows_retry_after_clamped() -> None:
     redis = FakeRedis()
     gate, _, _ = make_gate(FakeClock(), redis)
-    redis.answer = lambda name, args: [0, b"2.5"]
+    redis.answer = lambda name, args: [0, b"2.5", *NO_SIGHT]
     t = await gate.acquire("capped", 100)
     assert (t.ok, t.retry_after_s) == (False, 2.5)
-    redis.answer = lambda name, args: [0, b"0.001"]
+    redis.answer = lambda name, args: [0, b"0.001", *NO_SIGHT]
     assert (await gate.acquire("capped", 100)).retry_after_s == 0.1
-    redis.answer = lambda name, args: [0, b"600"]
+    redis.answer = lambda name, args: [0, b"600", *NO_SIGHT]
     assert (await gate.acquire("capped", 100)).retry_after_s == 60.0
     t.close()  # a refused ticket gives nothing back
     assert redis.named("finish") == [] and gate._open["capped"] == 0
@@ -316,14 +415,14 @@ async def test_a_client_gone_during_the_check_leaves_no_charge() -> None:
     redis = FakeRedis()
     gate, _, _ = make_gate(FakeClock(), redis)
     answer = asyncio.get_running_loop().create_future()
-    redis.answer = lambda name, args: answer if name == "acquire" else [1]
+    redis.answer = lambda name, args: answer if name == "acquire" else default_answer(name, args)
     task = asyncio.ensure_future(gate.acquire("capped", 100))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    answer.set_result([1])  # Redis charged it after all
+    answer.set_result([1, b"0", *NO_SIGHT])  # Redis charged it after all
     await settle()
     await asyncio.sleep(FLUSH_S)
     await settle()
@@ -343,3 +442,91 @@ async def test_the_heartbeat_restates_open_requests_of_capped_tenants() -> None:
     await gate._beat()
     assert redis.named("processes") == [(gate.process, 10.0)]
     assert redis.named("heartbeat") == [(gate.process, 1)]  # "free" has no cap: no beat
+
+
+async def test_going_local_starts_from_what_redis_last_showed() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    # capped: 60 requests and 1200 tokens a minute, 2 slots; Redis showed 30 requests and
+    # 400 tokens left and this process's part of the demand: 0.5 (of 2 processes)
+    redis.answer = lambda name, args: [1, b"0", b"30", b"400", b"0.5"]
+    running = await gate.acquire("capped", 100)
+    assert running.ok and running.shared
+    gate.controller_quotas.set_processes(2, clock.now())
+    clock.advance(1.5)
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    assert (await gate.acquire("capped", 100)).ok
+    assert gate.mode == "local"
+    local = gate.controller_quotas.local
+    # 400 + 1.5 s x 20 = 430 tokens and 31.5 requests left; half of each here
+    assert local.levels("capped", clock.now()) == (15.75, 215.0)
+    q = gate.controller_quotas
+    # the request admitted through Redis, still running, holds this process's one slot
+    # (ceil(2 / 2)) until it ends
+    assert q.acquire("capped", 100, clock.now()).retry_after_s == 1.0
+    q.release("capped", clock.now())
+    assert q.acquire("capped", 100, clock.now()).ok
+    assert local.levels("capped", clock.now()) == (14.75, 115.0)
+    await gate.stop()
+
+
+async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_else() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, modes, _ = make_gate(clock, redis)
+    redis.answer = lambda name, args: (
+        [1, b"0", b"60", b"900", b"1"] if name == "acquire" else [b"60", b"1000"]
+    )
+    ticket = await gate.acquire("capped", 100)
+    ticket.used(10, 20)
+    ticket.close()
+    await asyncio.sleep(FLUSH_S)
+    await settle()
+    # the finish's answer showed the levels after the tokens came back
+    assert gate.controller_quotas.sight("capped") == QuotaSight(60.0, 1000.0, 1.0, 0.0)
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    assert (await gate.acquire("capped", 100)).ok
+    q = gate.controller_quotas
+    assert q.acquire("capped", 300, clock.now()).ok
+    q.settle("capped", -50, clock.now())
+    q.release("capped", clock.now())
+    mode_at_resume: list[str] = []
+
+    def answer(name: str, args: tuple[Any, ...]) -> Any:
+        if name == "resume":
+            mode_at_resume.append(gate.mode)
+        return default_answer(name, args)
+
+    redis.answer = answer
+    await gate.start()
+    clock.advance(1.0)
+    await settle()
+    gate._wake.set()
+    for _ in range(20):
+        if gate.mode == "redis":
+            break
+        await asyncio.sleep(0.01)
+    assert modes[-2:] == ["local", "redis"]
+    # 1 request and 250 tokens used locally; levels last seen 1000 + 1 s x 20 tokens
+    assert redis.named("resume") == [(60, 1200, 1.0, 250.0, 60.0, 1020.0)]
+    assert mode_at_resume == ["local"]  # requests go to Redis only once it knows
+    await gate.stop()
+
+
+async def test_the_heartbeat_refreshes_sights_of_tenants_not_asked_about_lately() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    redis.answer = lambda name, args: (
+        [b"-1", b"700", b"0.25"] if name == "sight" else default_answer(name, args)
+    )
+    await gate._beat()
+    assert redis.named("sight") == [(60, 1200, gate.process, 30.0)]  # "free" has no quota
+    sight = gate.controller_quotas.sight("capped")
+    assert sight == QuotaSight(None, 700.0, 0.25, clock.now())
+    await gate._beat()
+    assert len(redis.named("sight")) == 1  # fresh: not again
+    clock.advance(gate.heartbeat_s / 4 + 0.1)
+    await gate._beat()
+    assert len(redis.named("sight")) == 2

@@ -16,10 +16,15 @@ than a whole minute's quota waits for a full bucket, then runs and leaves the bu
 debt). maxConcurrency counts admitted requests that have not left (queued or in flight).
 The retry-after of a refusal is the time the buckets need to refill what is missing
 (for maxConcurrency, which has no window: `concurrency_retry_s`).
+
+When several gateway processes enforce one tenant's quota apart (the shared store is
+unreachable), each holds a `QuotaShare`: a fraction of every limit, starting from that
+fraction of what the tenant had left, so that the processes together hold the quota once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +36,37 @@ from sluice.config import Tenant
 class QuotaDecision:
     ok: bool
     retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaShare:
+    """This process's part of a tenant's quota while it enforces it on its own.
+
+    `fraction` of every limit (bucket capacity and refill rate; maxConcurrency rounded up,
+    at least 1); the buckets start at `fraction` of the tenant's whole levels as last known
+    (None: as they are, full if new), so what the tenant used in the current minute still
+    counts; `open`
+    requests admitted elsewhere (before) are still running here and hold slots."""
+
+    fraction: float
+    requests_level: float | None = None
+    tokens_level: float | None = None
+    open: int = 0
+
+
+def local_fraction(seen: float | None, processes: int, floor: float) -> float:
+    """One process's fraction of a tenant's quota when `processes` enforce it apart:
+    its part `seen` of the tenant's recent traffic (None: unknown, then 1/processes),
+    with `floor` of the quota spread evenly, so that a process the traffic moves to is
+    not at zero. Over processes whose `seen` add up to 1 the fractions add up to 1."""
+    n = max(1, processes)
+    part = 1.0 / n if seen is None else min(1.0, max(0.0, seen))
+    return (1.0 - floor) * part + floor / n
+
+
+def refilled(level: float, per_minute: float, elapsed_s: float) -> float:
+    """A bucket's level `elapsed_s` later, with nothing taken meanwhile."""
+    return min(float(per_minute), level + max(0.0, elapsed_s) * per_minute / 60.0)
 
 
 class TenantQuotas(Protocol):
@@ -82,17 +118,35 @@ class InProcessQuotas:
         self.concurrency_retry_s = concurrency_retry_s
         self._state: dict[str, _TenantState] = {}
         self._limits: dict[str, Tenant] = {}
+        self._fractions: dict[str, float] = {}
         self.set_limits(tenants)
 
     def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None:
         self._limits = {t.name: t for t in tenants}
         for name, st in self._state.items():
-            self._apply(st, self._limits.get(name), now)
+            self._apply(st, name, now)
 
-    def _apply(self, st: _TenantState, t: Tenant | None, now: float) -> None:
-        rpm = t.requests_per_minute if t else 0
-        tpm = t.tokens_per_minute if t else 0
-        st.max_concurrency = t.max_concurrency if t else 0
+    def set_share(self, tenant: str, share: QuotaShare, now: float) -> None:
+        """From now on enforce `share` of the tenant's limits (kept across set_limits)."""
+        self._fractions[tenant] = share.fraction
+        st = self._get(tenant, now)
+        self._apply(st, tenant, now)
+        f = share.fraction
+        if st.requests is not None and share.requests_level is not None:
+            st.requests.level = min(st.requests.capacity, f * share.requests_level)
+            st.requests.at = now
+        if st.tokens is not None and share.tokens_level is not None:
+            st.tokens.level = min(st.tokens.capacity, f * share.tokens_level)
+            st.tokens.at = now
+        st.open = share.open
+
+    def _apply(self, st: _TenantState, name: str, now: float) -> None:
+        t = self._limits.get(name)
+        f = self._fractions.get(name, 1.0)
+        rpm = t.requests_per_minute * f if t else 0
+        tpm = t.tokens_per_minute * f if t else 0
+        maxc = t.max_concurrency if t else 0
+        st.max_concurrency = max(1, math.ceil(maxc * f - 1e-9)) if maxc > 0 else 0
         if rpm <= 0:
             st.requests = None
         elif st.requests is None:
@@ -110,7 +164,7 @@ class InProcessQuotas:
         st = self._state.get(tenant)
         if st is None:
             st = self._state[tenant] = _TenantState()
-            self._apply(st, self._limits.get(tenant), now)
+            self._apply(st, tenant, now)
         return st
 
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision:
@@ -157,3 +211,15 @@ class InProcessQuotas:
     def open_requests(self, tenant: str) -> int:
         st = self._state.get(tenant)
         return 0 if st is None else st.open
+
+    def levels(self, tenant: str, now: float) -> tuple[float | None, float | None]:
+        """The tenant's (requests, tokens) bucket levels now; None where it has no limit."""
+        st = self._get(tenant, now)
+        out: list[float | None] = []
+        for bucket in (st.requests, st.tokens):
+            if bucket is None:
+                out.append(None)
+            else:
+                bucket.refill(now)
+                out.append(bucket.level)
+        return out[0], out[1]

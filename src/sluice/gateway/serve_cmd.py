@@ -16,6 +16,7 @@ from aiohttp import web
 from sluice.config import Backend, ConfigError, Policy, load_policy, parse_policy
 from sluice.gateway.app import GATEWAY_KEY, create_app
 from sluice.gateway.logs import setup_logging
+from sluice.gateway.slow_clients import HeadSweep
 
 log = logging.getLogger("sluice.serve")
 
@@ -135,8 +136,14 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=policy.server.shutdown_grace,
+        # aiohttp's own timer: idle keep-alive, and any request head after the first
+        keepalive_timeout=policy.server.idle_timeout,
     )
     await runner.setup()
+    server = runner.server
+    assert server is not None
+    # the first request head of a new connection (slow_clients.py)
+    head_sweep = HeadSweep(lambda: server.connections, lambda: gateway.policy.server.header_timeout)
     worker = args.worker_index
     site = web.TCPSite(
         runner, args.host, args.port, backlog=1024, reuse_port=True if worker is not None else None
@@ -156,6 +163,7 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
 
         log.info("worker %d (pid %d) serving on %s:%d", worker, os.getpid(), args.host, port)
         report_ready(worker)
+    head_sweep.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -166,6 +174,7 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
         policy.server.shutdown_grace,
     )
     gateway.draining = True
+    await head_sweep.stop()
     await runner.cleanup()  # stops listening, waits up to shutdown_timeout for handlers
     if embedded is not None:
         await embedded.stop()

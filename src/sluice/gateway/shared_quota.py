@@ -9,6 +9,15 @@ does not, so that a tenant's quota is never counted twice and Redis being down i
 neither a crash nor a stall: each process enforces the quotas on its own until Redis is
 back (logged once on each change, exported as `sluice_quota_backend{mode}`).
 
+Going local must not hand a tenant its quota again: each Redis answer shows the process
+the tenant's bucket levels and this process's part of the tenant's recent demand (every
+process's demand decays alike, so the parts add up to 1), refreshed by the heartbeat for
+tenants the process has not asked about lately. When Redis is lost, each process enforces
+that part of the quota (with `SHARE_FLOOR` of it spread evenly over the live processes),
+starting from that part of the levels last seen: what the tenant used in the current
+minute still counts. When Redis is back, each process charges it what it admitted on its
+own meanwhile, restoring first the levels it last saw if Redis lost them (a restart).
+
 Redis side (semantics of `InProcessQuotas`, see core/quota.py): per tenant one hash of
 token buckets (`rl`/`rt` request level/time, `tl`/`tt` tokens), capacity = the
 per-minute amount, refilled at amount/60 per second, the key expiring when the buckets
@@ -27,7 +36,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,7 +49,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.config import Tenant
 from sluice.core.clock import Clock
-from sluice.core.quota import InProcessQuotas, QuotaDecision
+from sluice.core.quota import (
+    InProcessQuotas,
+    QuotaDecision,
+    QuotaShare,
+    local_fraction,
+    refilled,
+)
 
 log = logging.getLogger("sluice.quota")
 
@@ -56,6 +72,9 @@ CONCURRENCY_RETRY_S = 1.0  # Retry-After for maxConcurrency, which has no window
 MAX_CONNECTIONS = 32  # per process; callers wait for a free one within their timeout
 RETRY_MIN_S, RETRY_MAX_S = 0.1, 60.0  # Retry-After clamp, as the core's
 FLUSH_S = 0.02  # what finished requests give back goes to Redis in one call per tenant
+SHARE_FLOOR = 0.1  # of a quota spread evenly over the processes when they go local
+DEMAND_TAU_S = 30.0  # "recent" demand: each process's decays with this time constant
+SIGHTS_PER_BEAT = 32  # tenants whose last sight is older than a heartbeat, refreshed per beat
 
 OK = QuotaDecision(True)
 
@@ -90,18 +109,68 @@ local function store()
     ttl = math.max(ttl, (tpm - tl) * 60 / tpm)
   end
   -- a bucket that would be full again is the same as no key
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000) end
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+end
+local function lvl(cap, l)
+  if cap > 0 then return string.format('%.17g', l) end
+  return '-1'
 end
 """
 
-# KEYS: rate, conc, beat. ARGV: rpm, tpm, maxConcurrency, tokens, process, stale_s,
-# concurrency_retry_s. Returns {1} or {0, retry_after_s as a string}.
+# This process's part of the tenant's recent demand (tokens asked; requests when the
+# tenant has no token quota): exponentially decayed sums, one per process and their total,
+# all decayed alike so that the parts add up to the total at any time. Returns the part
+# as a string ('-1': no demand recorded).
+_DEMAND = """
+local function demand(key, me, add, tau)
+  local f = '%.17g'
+  local v = redis.call('HMGET', key, 'T', 'Tt', 'd:' .. me, 't:' .. me, 'S')
+  local total, mine = tonumber(v[1]) or 0, tonumber(v[3]) or 0
+  if v[2] then total = total * math.exp(-math.max(0, now - tonumber(v[2])) / tau) end
+  if v[4] then mine = mine * math.exp(-math.max(0, now - tonumber(v[4])) / tau) end
+  if add > 0 then
+    total, mine = total + add, mine + add
+    redis.call('HSET', key, 'T', string.format(f, total), 'Tt', string.format(f, now),
+      'd:' .. me, string.format(f, mine), 't:' .. me, string.format(f, now))
+    -- once per tau: forget processes silent for 10 tau (gone; their part is ~0 by then)
+    if now >= (tonumber(v[5]) or 0) then
+      local all = redis.call('HGETALL', key)
+      for i = 1, #all, 2 do
+        local name = all[i]
+        if string.sub(name, 1, 2) == 't:' and now - tonumber(all[i + 1]) > 10 * tau then
+          redis.call('HDEL', key, name, 'd:' .. string.sub(name, 3))
+        end
+      end
+      redis.call('HSET', key, 'S', string.format(f, now + tau))
+    end
+    redis.call('PEXPIRE', key, math.ceil(10 * tau * 1000))
+  end
+  if total <= 0 then return '-1' end
+  return string.format(f, math.min(1, mine / total))
+end
+"""
+
+# KEYS: rate, conc, beat, share. ARGV: rpm, tpm, maxConcurrency, tokens, process, stale_s,
+# concurrency_retry_s, demand_tau_s. Returns {ok (1|0), retry_after_s, then the sight:
+# requests level, tokens level ('-1': no such limit), this process's part of the demand},
+# all but ok as strings.
 ACQUIRE_LUA = (
     _PRELUDE
+    + _DEMAND
     + """
 local maxc = tonumber(ARGV[3])
 local tokens = tonumber(ARGV[4])
 local me = ARGV[5]
+local weight = 1
+if tpm > 0 then weight = math.max(1, tokens) end
+local part = demand(KEYS[4], me, weight, tonumber(ARGV[8]))
+local function answer(ok, retry)
+  return {ok, retry, lvl(rpm, rl), lvl(tpm, tl), part}
+end
 if maxc > 0 then
   local stale = tonumber(ARGV[6])
   local conc = redis.call('HGETALL', KEYS[2])
@@ -115,7 +184,7 @@ if maxc > 0 then
       open = open + tonumber(conc[i + 1])
     end
   end
-  if open >= maxc then return {0, ARGV[7]} end
+  if open >= maxc then return answer(0, ARGV[7]) end
 end
 local wait = 0
 if rpm > 0 and rl < 1 then wait = (1 - rl) * 60 / rpm end
@@ -123,7 +192,7 @@ if tpm > 0 then
   local need = math.min(tokens, tpm) - tl
   if need > 0 then wait = math.max(wait, need * 60 / tpm) end
 end
-if wait > 0 then return {0, string.format('%.6f', wait)} end
+if wait > 0 then return answer(0, string.format('%.6f', wait)) end
 rl = rl - 1
 tl = tl - tokens
 store()
@@ -133,13 +202,44 @@ if maxc > 0 then
   redis.call('EXPIRE', KEYS[2], 3600)
   redis.call('EXPIRE', KEYS[3], 3600)
 end
-return {1}
+return answer(1, '0')
+"""
+)
+
+# KEYS: rate, share. ARGV: rpm, tpm, process, demand_tau_s. The sight alone (levels and
+# part of the demand, as in ACQUIRE_LUA's answer), charging nothing.
+SIGHT_LUA = (
+    _PRELUDE
+    + _DEMAND
+    + """
+return {lvl(rpm, rl), lvl(tpm, tl), demand(KEYS[2], ARGV[3], 0, tonumber(ARGV[4]))}
+"""
+)
+
+# KEYS: rate. ARGV: rpm, tpm, requests and tokens one process admitted on its own while
+# Redis was lost, and its estimate of the levels had nothing been used ('-1': unknown),
+# which stand in for buckets Redis lost (a restart).
+RESUME_LUA = (
+    _PRELUDE
+    + """
+local rest, test = tonumber(ARGV[5]), tonumber(ARGV[6])
+if rpm > 0 and rest >= 0 and redis.call('HEXISTS', KEYS[1], 'rt') == 0 then
+  rl = math.min(rpm, rest)
+end
+if tpm > 0 and test >= 0 and redis.call('HEXISTS', KEYS[1], 'tt') == 0 then
+  tl = math.min(tpm, test)
+end
+rl = rl - tonumber(ARGV[3])
+tl = tl - tonumber(ARGV[4])
+store()
+return 1
 """
 )
 
 # KEYS: rate, conc. ARGV: rpm, tpm, requests back, tokens back (negative: charge more),
 # slots released, process. A refund is (1, tokens, 1); a settle + release (0, charged -
-# used, 1); a release alone (0, 0, 1); the gate sends the sum of a few at once.
+# used, 1); a release alone (0, 0, 1); the gate sends the sum of a few at once. Returns
+# the levels after it (as in ACQUIRE_LUA's sight): the freshest sight once traffic stops.
 FINISH_LUA = (
     _PRELUDE
     + """
@@ -156,7 +256,7 @@ if releases > 0 and redis.call('HEXISTS', KEYS[2], ARGV[6]) == 1 then
     redis.call('HDEL', KEYS[2], ARGV[6])
   end
 end
-return 1
+return {lvl(rpm, rl), lvl(tpm, tl)}
 """
 )
 
@@ -195,10 +295,10 @@ def processes_key(prefix: str = KEY_PREFIX) -> str:
     return f"{{{prefix}}}:processes"
 
 
-def tenant_keys(tenant: str, prefix: str = KEY_PREFIX) -> tuple[str, str, str]:
-    """The tenant's keys (rate, conc, beat): one hash tag, so one Cluster slot."""
+def tenant_keys(tenant: str, prefix: str = KEY_PREFIX) -> tuple[str, str, str, str]:
+    """The tenant's keys (rate, conc, beat, share): one hash tag, so one Cluster slot."""
     tag = f"{{{prefix}:tenant:{tenant}}}"
-    return f"{tag}:rate", f"{tag}:conc", f"{tag}:beat"
+    return f"{tag}:rate", f"{tag}:conc", f"{tag}:beat", f"{tag}:share"
 
 
 def has_quota(t: Tenant) -> bool:
@@ -276,60 +376,164 @@ class QuotaCircuit:
 # -- the core's side ----------------------------------------------------------------------
 
 
-def share_of(t: Tenant, processes: int) -> Tenant:
-    """One process's share of a tenant's limits when `processes` enforce them apart
-    (rounded up: a tenant is never cut to nothing)."""
-    if processes <= 1 or not has_quota(t):
-        return t
+@dataclass(frozen=True, slots=True)
+class QuotaSight:
+    """A tenant's quota as Redis last showed it to this process: the bucket levels of the
+    whole quota (None: no such limit), this process's part of the tenant's recent demand
+    (None: none recorded), and when (this process's clock)."""
 
-    def part(limit: int) -> int:
-        return -(-limit // processes) if limit > 0 else 0
+    requests_level: float | None
+    tokens_level: float | None
+    part: float | None
+    at: float
 
-    return t.model_copy(
-        update={
-            "tokens_per_minute": part(t.tokens_per_minute),
-            "requests_per_minute": part(t.requests_per_minute),
-            "max_concurrency": part(t.max_concurrency),
-        }
-    )
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """What this process admitted of a tenant's quota on its own while Redis was lost,
+    for Redis once it is back, with its estimate of the tenant's levels had nothing been
+    used (-1: unknown), which stands in for buckets Redis lost."""
+
+    requests_used: float
+    tokens_used: float
+    requests_level: float
+    tokens_level: float
 
 
 class FailoverQuotas:
     """`TenantQuotas` for the Controller when Redis holds the quotas: charges nothing
     while quotas are shared (the shell has charged Redis), and delegates to `local`
-    while they are local. Local limits are this process's share (`share_of`) of the
-    gateway processes last seen alive in Redis, so that losing Redis does not multiply
-    a tenant's quota by the number of replicas. Refunds, settles and releases go to
-    `local` only for tenants with requests that `local` charged, so a request admitted
-    through Redis never gives back to the local buckets. (A request whose Redis check
-    succeeded in the instant the circuit went local is charged locally too: a one-off,
-    on the safe side.)"""
+    while they are local.
+
+    `take_over` (the circuit just went local) gives `local` this process's share of each
+    tenant's quota (`local_fraction` of its part of the demand last seen, over the live
+    processes), starting from that share of the levels last seen, refilled since: so the
+    processes together hold each quota once, what was used in the current minute included.
+    Refunds, settles and releases go to `local` only for tenants with requests it holds
+    (charged locally, or still running from before), so a request admitted through Redis
+    after it is back never gives back to the local buckets. `hand_back` says what was
+    admitted locally meanwhile, for Redis. (A request whose Redis check succeeded in the
+    instant the circuit went local is charged locally too: a one-off, on the safe side.)"""
 
     def __init__(
         self,
         local: InProcessQuotas,
         circuit: QuotaCircuit,
         on_limits: Callable[[Iterable[Tenant]], None] | None = None,
+        *,
+        floor: float = SHARE_FLOOR,
     ) -> None:
         self.local = local
         self._circuit = circuit
         self._on_limits = on_limits
+        self.floor = floor
         self._local_open: dict[str, int] = {}
-        self._tenants: tuple[Tenant, ...] = ()
+        self._tenants: dict[str, Tenant] = {}
+        self._sights: dict[str, QuotaSight] = {}
+        self._taken: set[str] = set()  # tenants given a local share since the last loss
+        self._used: dict[str, list[float]] = {}  # per tenant while local: requests, tokens
         self.processes = 1
 
     def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None:
-        self._tenants = tuple(tenants)
-        self.local.set_limits([share_of(t, self.processes) for t in self._tenants], now)
+        self._tenants = {t.name: t for t in tenants}
+        self.local.set_limits(self._tenants.values(), now)
+        if not self._circuit.shared:  # a tenant new while local gets its share too
+            for t in self._tenants.values():
+                if has_quota(t) and t.name not in self._taken:
+                    self._take(t, now, 0)
         if self._on_limits is not None:
-            self._on_limits(self._tenants)
+            self._on_limits(self._tenants.values())
 
     def set_processes(self, processes: int, now: float) -> None:
-        """How many gateway processes would enforce the quotas apart."""
-        processes = max(1, processes)
-        if processes != self.processes:
-            self.processes = processes
-            self.local.set_limits([share_of(t, processes) for t in self._tenants], now)
+        """How many gateway processes were alive in Redis (for the next take-over)."""
+        self.processes = max(1, processes)
+
+    def observe(self, tenant: str, sight: QuotaSight) -> None:
+        """What a Redis answer showed of the tenant's quota."""
+        self._sights[tenant] = sight
+
+    def sight(self, tenant: str) -> QuotaSight | None:
+        return self._sights.get(tenant)
+
+    def stale_sights(self, now: float, older_than_s: float, limit: int) -> list[str]:
+        """Tenants with a quota whose last sight is older than `older_than_s` (or none),
+        the oldest first, at most `limit`."""
+        ages = []
+        for name, t in self._tenants.items():
+            if not has_quota(t):
+                continue
+            sight = self._sights.get(name)
+            age = float("inf") if sight is None else now - sight.at
+            if age > older_than_s:
+                ages.append((-age, name))
+        return [name for _, name in sorted(ages)[:limit]]
+
+    def take_over(self, now: float, running: Mapping[str, int]) -> None:
+        """Quotas went local: from now on hold this process's share of each; `running`:
+        requests per tenant admitted through Redis that are still open here."""
+        self._used = {}
+        self._taken = set()
+        for t in self._tenants.values():
+            if has_quota(t):
+                self._take(t, now, running.get(t.name, 0))
+
+    def _take(self, t: Tenant, now: float, running: int) -> None:
+        sight = self._sights.get(t.name)
+        fraction = local_fraction(sight.part if sight else None, self.processes, self.floor)
+        requests_level, tokens_level = self._estimate(t, now)
+        held = self._local_open.get(t.name, 0) + max(0, running)
+        if held:
+            self._local_open[t.name] = held
+        share = QuotaShare(fraction, requests_level, tokens_level, held)
+        self.local.set_share(t.name, share, now)
+        self._taken.add(t.name)
+
+    def _estimate(self, t: Tenant, now: float) -> tuple[float | None, float | None]:
+        """The tenant's levels now, from the last sight, had nothing been used since."""
+        sight = self._sights.get(t.name)
+        if sight is None:
+            return None, None
+        age = now - sight.at
+        rl = tl = None
+        if t.requests_per_minute > 0 and sight.requests_level is not None:
+            rl = refilled(sight.requests_level, t.requests_per_minute, age)
+        if t.tokens_per_minute > 0 and sight.tokens_level is not None:
+            tl = refilled(sight.tokens_level, t.tokens_per_minute, age)
+        return rl, tl
+
+    def hand_back(self, now: float) -> dict[str, HandBack]:
+        """Per tenant, what Redis should be told now that it is back (call `handed_back`
+        once it has been). Tenants whose levels were below full are included even with
+        nothing used: a Redis that lost them must not start them full."""
+        out: dict[str, HandBack] = {}
+        for name, t in self._tenants.items():
+            if not has_quota(t):
+                continue
+            requests_used, tokens_used = self._used.get(name, (0.0, 0.0))
+            rl, tl = self._estimate(t, now)
+            below = (rl is not None and rl < t.requests_per_minute) or (
+                tl is not None and tl < t.tokens_per_minute
+            )
+            if requests_used or tokens_used or below:
+                out[name] = HandBack(
+                    requests_used,
+                    tokens_used,
+                    -1.0 if rl is None else rl,
+                    -1.0 if tl is None else tl,
+                )
+        return out
+
+    def handed_back(self) -> None:
+        self._used = {}
+
+    def _use(self, tenant: str, requests: float, tokens: float) -> None:
+        if self._circuit.shared:
+            return  # after the hand-back: Redis was charged these already
+        used = self._used.get(tenant)
+        if used is None:
+            used = self._used[tenant] = [0.0, 0.0]
+        used[0] += requests
+        used[1] += tokens
 
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision:
         if self._circuit.shared:
@@ -337,6 +541,7 @@ class FailoverQuotas:
         decision = self.local.acquire(tenant, tokens, now)
         if decision.ok:
             self._local_open[tenant] = self._local_open.get(tenant, 0) + 1
+            self._use(tenant, 1, tokens)
         return decision
 
     def _leave(self, tenant: str) -> bool:
@@ -352,10 +557,12 @@ class FailoverQuotas:
     def refund(self, tenant: str, tokens: int, now: float) -> None:
         if self._leave(tenant):
             self.local.refund(tenant, tokens, now)
+            self._use(tenant, -1, -tokens)
 
     def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
         if self._local_open.get(tenant, 0) > 0:
             self.local.settle(tenant, delta_tokens, now)
+            self._use(tenant, 0, delta_tokens)
 
     def release(self, tenant: str, now: float) -> None:
         if self._leave(tenant):
@@ -473,8 +680,9 @@ class SharedQuotaGate:
         )
         self.controller_quotas.set_limits(tenants)
         self._wake = asyncio.Event()
-        self._keys: dict[str, tuple[str, str, str]] = {}
+        self._keys: dict[str, tuple[str, str, str, str]] = {}
         self._open: dict[str, int] = {}  # requests charged in Redis and not yet finished
+        self._charged: dict[str, int] = {}  # of those, the ones Redis has said yes to
         self._busy: dict[str, int] = {}  # calls in flight per tenant (heartbeat waits)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
@@ -485,6 +693,8 @@ class SharedQuotaGate:
         self._finish = self._client.register_script(FINISH_LUA)
         self._heartbeat = self._client.register_script(HEARTBEAT_LUA)
         self._processes = self._client.register_script(PROCESSES_LUA)
+        self._sight = self._client.register_script(SIGHT_LUA)
+        self._resume = self._client.register_script(RESUME_LUA)
 
     @property
     def mode(self) -> str:
@@ -497,7 +707,7 @@ class SharedQuotaGate:
         """The tenant's limits if it has a quota (else no check is needed)."""
         return self._limits.get(tenant)
 
-    def _tenant_keys(self, tenant: str) -> tuple[str, str, str]:
+    def _tenant_keys(self, tenant: str) -> tuple[str, str, str, str]:
         keys = self._keys.get(tenant)
         if keys is None:
             keys = self._keys[tenant] = tenant_keys(tenant, self._prefix)
@@ -527,13 +737,12 @@ class SharedQuotaGate:
         t = self._limits.get(tenant)
         if t is None or not self.circuit.shared:
             return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
-        rate, conc, beat = self._tenant_keys(tenant)
         self._open[tenant] = self._open.get(tenant, 0) + 1  # before: heartbeats see it
         self._busy[tenant] = self._busy.get(tenant, 0) + 1
         call = asyncio.ensure_future(
             self._call(
                 self._acquire(
-                    keys=(rate, conc, beat),
+                    keys=self._tenant_keys(tenant),
                     args=(
                         t.requests_per_minute,
                         t.tokens_per_minute,
@@ -542,6 +751,7 @@ class SharedQuotaGate:
                         self.process,
                         self.stale_after_s,
                         CONCURRENCY_RETRY_S,
+                        DEMAND_TAU_S,
                     ),
                 )
             )
@@ -557,7 +767,9 @@ class SharedQuotaGate:
         if result is None:  # Redis failed: fail open (local quotas once the circuit opens)
             self._open[tenant] -= 1
             return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
+        self._observe(tenant, result[2:])
         if int(result[0]) == 1:
+            self._charged[tenant] = self._charged.get(tenant, 0) + 1
             return QuotaTicket(self, tenant, tokens, ok=True, shared=True)
         self._open[tenant] -= 1
         retry = min(RETRY_MAX_S, max(RETRY_MIN_S, float(result[1])))
@@ -567,15 +779,31 @@ class SharedQuotaGate:
         """The client left while its check was in flight: undo the charge, if any."""
         result = None if fut.cancelled() else fut.result()
         if result is not None and int(result[0]) == 1:
+            self._charged[tenant] = self._charged.get(tenant, 0) + 1
             self.finish(tenant, 1, tokens)
         else:
             self._open[tenant] -= 1
+
+    def _observe(self, tenant: str, sight: Any) -> None:
+        """Keep what Redis showed of the tenant's quota: levels, then part of the demand
+        (strings; '-1': none)."""
+        values = [float(v) for v in sight[:3]]
+        self.controller_quotas.observe(
+            tenant,
+            QuotaSight(
+                None if values[0] < 0 else values[0],
+                None if values[1] < 0 else values[1],
+                None if values[2] < 0 else values[2],
+                self._clock.now(),
+            ),
+        )
 
     def finish(self, tenant: str, requests_back: int, tokens_back: int) -> None:
         """Give back what a request charged in Redis did not use, and its slot; in the
         background, summed per tenant over FLUSH_S (one call for many requests: the
         answer is not waited for, and a slot comes back at most FLUSH_S late)."""
         self._open[tenant] -= 1
+        self._charged[tenant] -= 1
         if not self.circuit.shared:
             return  # lost: the heartbeat re-states the slots once Redis is back
         owed = self._owed.get(tenant)
@@ -603,7 +831,7 @@ class SharedQuotaGate:
             t = self._limits.get(tenant)
             rpm = t.requests_per_minute if t else 0
             tpm = t.tokens_per_minute if t else 0
-            rate, conc, _ = self._tenant_keys(tenant)
+            rate, conc, _, _ = self._tenant_keys(tenant)
             self._busy[tenant] = self._busy.get(tenant, 0) + 1
             args = (rpm, tpm, requests_back, tokens_back, releases, self.process)
             task = asyncio.ensure_future(self._call(self._finish(keys=(rate, conc), args=args)))
@@ -613,6 +841,11 @@ class SharedQuotaGate:
     def _finished(self, task: asyncio.Task[Any], tenant: str) -> None:
         self._tasks.discard(task)
         self._busy[tenant] -= 1
+        result = None if task.cancelled() else task.result()
+        last = self.controller_quotas.sight(tenant)
+        if result is not None and tenant in self._limits:
+            part = b"-1" if last is None or last.part is None else str(last.part)
+            self._observe(tenant, [*result[:2], part])
 
     async def _call(self, awaitable: Any) -> Any:
         """One Redis call with a timeout; None when it failed (the circuit learns)."""
@@ -638,9 +871,11 @@ class SharedQuotaGate:
             self._wake.set()
 
     def _went_local(self, kind: str, exc: BaseException | None) -> None:
+        self.controller_quotas.take_over(self._clock.now(), self._charged)
         log.warning(
-            "Redis at %s is not answering (%s: %s): tenant quotas are enforced by each "
-            "gateway process on its own, each with 1/%d of every quota, until it is back",
+            "Redis at %s is not answering (%s: %s): tenant quotas are enforced by each of "
+            "the %d gateway processes on its own, each with its share of every quota and "
+            "of what was left of it, until it is back",
             self.url,
             kind,
             exc or type(exc).__name__,
@@ -657,13 +892,16 @@ class SharedQuotaGate:
     # -- background: probe while local, heartbeat while shared ----------------------------
 
     async def _background(self) -> None:
-        next_beat = 0.0
+        started = next_beat = self._clock.now()
         tick = min(self.circuit.reprobe_s, self.heartbeat_s) / 4
         while True:
+            now = self._clock.now()
             if self.circuit.probe_due():
                 await self._probe()
-            elif self.circuit.shared and self._clock.now() >= next_beat:
-                next_beat = self._clock.now() + self.heartbeat_s
+            elif self.circuit.shared and now >= next_beat:
+                # beat faster at first: replicas starting together learn of each other
+                early = now - started < 2 * self.heartbeat_s
+                next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
                 await self._beat()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -678,6 +916,8 @@ class SharedQuotaGate:
                 if pool is not None:
                     await pool.disconnect()
                 await self._client.ping()
+                if not self.circuit.shared:
+                    await self._hand_back()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the probe failed, whatever the reason
@@ -690,8 +930,32 @@ class SharedQuotaGate:
         if self.circuit.success():
             self._mode_changed()
 
+    async def _hand_back(self) -> None:
+        """Redis answers again: charge it, before any request goes to it, what this
+        process admitted on its own meanwhile (restoring first the levels last seen, for
+        a Redis that lost them), so that the loss does not hand out a quota twice."""
+        quotas = self.controller_quotas
+        owed = quotas.hand_back(self._clock.now())
+        calls = []
+        for name, hb in owed.items():
+            t = self._limits.get(name)
+            if t is None:
+                continue
+            args = (
+                t.requests_per_minute,
+                t.tokens_per_minute,
+                hb.requests_used,
+                hb.tokens_used,
+                hb.requests_level,
+                hb.tokens_level,
+            )
+            calls.append(self._resume(keys=self._tenant_keys(name)[:1], args=args))
+        await asyncio.gather(*calls)
+        quotas.handed_back()
+
     async def _beat(self) -> None:
-        """Say this process is alive and learn how many are; re-state this process's
+        """Say this process is alive and learn how many are; refresh the sights of the
+        tenants this process has not asked Redis about lately; re-state this process's
         open requests for each capped tenant (only when no call of its own is in flight
         for that tenant, which could race with it)."""
         alive = await self._call(
@@ -701,16 +965,33 @@ class SharedQuotaGate:
         )
         if alive is None:
             return
-        self.controller_quotas.set_processes(int(alive), self._clock.now())
+        quotas = self.controller_quotas
+        quotas.set_processes(int(alive), self._clock.now())
+        # (older than a quarter beat: a sight taken just before another process's last
+        # requests would miss them)
+        stale = quotas.stale_sights(self._clock.now(), self.heartbeat_s / 4, SIGHTS_PER_BEAT)
+        await asyncio.gather(*(self._refresh_sight(name) for name in stale))
+        if not self.circuit.shared:
+            return
         for name, t in list(self._limits.items()):
             if t.max_concurrency <= 0 or self._busy.get(name, 0) > 0 or name in self._owed:
                 continue
-            _, conc, beat = self._tenant_keys(name)
+            _, conc, beat, _ = self._tenant_keys(name)
             await self._call(
                 self._heartbeat(keys=(conc, beat), args=(self.process, self._open.get(name, 0)))
             )
             if not self.circuit.shared:
                 return
+
+    async def _refresh_sight(self, tenant: str) -> None:
+        t = self._limits.get(tenant)
+        if t is None:
+            return
+        rate, _, _, share = self._tenant_keys(tenant)
+        args = (t.requests_per_minute, t.tokens_per_minute, self.process, DEMAND_TAU_S)
+        sight = await self._call(self._sight(keys=(rate, share), args=args))
+        if sight is not None:
+            self._observe(tenant, sight)
 
 
 def _connect(url: str) -> Any:
