@@ -171,6 +171,8 @@ async def test_stalled_and_trickling_heads_are_cut_and_requests_in_flight_are_no
         assert stream_s > IDLE_TIMEOUT_S and chunks == 400  # longer than both, never cut
         assert statuses == [200] * len(statuses) and len(statuses) >= 3
         assert gw.proc.poll() is None
+        # operators see it: both cut connections are counted
+        assert gw.metrics()["sluice_slow_client_disconnects_total"] == 2
     finally:
         gw.stop()
 

@@ -143,7 +143,11 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
     server = runner.server
     assert server is not None
     # the first request head of a new connection (slow_clients.py)
-    head_sweep = HeadSweep(lambda: server.connections, lambda: gateway.policy.server.header_timeout)
+    head_sweep = HeadSweep(
+        lambda: server.connections,
+        lambda: gateway.policy.server.header_timeout,
+        on_cut=gateway.telemetry.slow_clients.inc,
+    )
     worker = args.worker_index
     site = web.TCPSite(
         runner, args.host, args.port, backlog=1024, reuse_port=True if worker is not None else None

@@ -55,8 +55,10 @@ class HeadSweep:
         *,
         clock: Clock | None = None,
         tick_s: float | None = None,
+        on_cut: Callable[[int], None] | None = None,
     ) -> None:
         self._connections = connections
+        self._on_cut = on_cut  # e.g. a counter: how many were closed in a pass
         self._timeout = header_timeout_s
         self._clock = clock or MonotonicClock()
         self._tick_s = tick_s
@@ -88,6 +90,8 @@ class HeadSweep:
                 seen[handler] = since
         self._first_seen = seen  # forgets closed connections and those past their head
         self.cut += cut
+        if cut and self._on_cut is not None:
+            self._on_cut(cut)
         self._unreported += cut
         if self._unreported and now - self._reported_at >= SUMMARY_EVERY_S:
             log.warning(

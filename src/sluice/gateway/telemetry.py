@@ -79,6 +79,12 @@ class Telemetry:
             ["backend", "kind"],
             registry=r,
         )
+        self.slow_clients = Counter(
+            "sluice_slow_client_disconnects",
+            "Connections closed because no complete request head arrived within "
+            "server.headerTimeout",
+            registry=r,
+        )
         self.fallbacks = Counter(
             "sluice_fallbacks",
             "Requests answered with a feature's fallback",
