@@ -7,13 +7,14 @@ three `sluice serve` gateways, and an open-loop client that spreads streaming re
 round-robin over the gateways. A direct burst (no gateway) is the control: the same load
 sent straight to the backends does preempt.
 
-Three replicas do not yet hold reliably (xfail, not strict: some runs have 0). Measured on
-a quiet 2-core machine: 1 gateway 0 preemptions (126 of 185 requests served), 3 gateways
-8 preemptions (133 served). Each fresh replica starts at its initial limit (8, 6 usable
-by P1) per backend and counts the whole KV cache as its own budget, so three of them put
-~18 requests on a backend whose sweet spot is 11 before the first cut; idle replicas
-also cut on congestion the others cause. The per-backend limiter (core/limiters/) would
-need to take the backend's reported KV usage by others out of its own budget."""
+What makes three replicas hold (core/limiters/sluice.py, docs/limiter.md "Shared
+backends"): a replica counts the other replicas' requests a scrape shows (waiting ones
+too) at its own mean footprint, claims only its share of the room left, and takes the
+whole budget only once two scrapes in a row have shown the backend running its requests
+and nobody else's; an idle backend gives it the floor share. Before that rule, each fresh
+replica counted the whole cache as its own and three of them put ~18 requests on a backend
+whose sweet spot is 11: 0-8 preemptions a run. tests/unit/test_bench_replicas.py checks
+the same in virtual time, exactly, for 1 to 4 replicas."""
 
 from __future__ import annotations
 
@@ -147,11 +148,6 @@ async def test_one_replica_keeps_the_backends_free_of_preemptions_under_a_3x_bur
     assert one == 0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="replicas still overshoot a shared backend now and then: with the shared KV "
-    "budget 0-2 preemptions with 3 replicas (was 5-8), 0 with 1; see the module docstring",
-)
 async def test_three_replicas_keep_the_backends_free_of_preemptions_as_one_does(
     sim_factory: SimFactory,
 ) -> None:

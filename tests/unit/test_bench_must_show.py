@@ -93,12 +93,6 @@ def prompt_shift() -> dict[str, Any]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 4, not met yet: the limit reaches 1.2x the long-prompt phase's best cap "
-    "1.5 s into it (want <= 1 s). For the first ~0.4 s the queue still dispatches short "
-    "requests admitted before the shift, and the KV-token budget follows the dispatched mix",
-)
 def test_prompt_shift_limit_falls_to_the_new_sweet_spot_within_1s(
     prompt_shift: dict[str, Any],
 ) -> None:

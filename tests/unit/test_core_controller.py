@@ -193,6 +193,35 @@ def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
     assert c.snapshot()["algorithm"] == "sluice"
 
 
+def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> None:
+    """Its first token is not visible (the answer comes whole at the end): however long it
+    takes, it arms no first-token alarm and cuts nothing."""
+    clock = FakeClock()
+    c = Controller(
+        policy(algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}),
+        clock,
+        ["b0"],
+        limiter_kwargs={"sluice": {"probe_jitter": 0.0}},
+    )
+    c.arrive(req("r0", prompt=436))
+    c.dispatch()
+    clock.set(0.05)
+    c.on_first_token("r0")  # a stream: the base is 1e-4 s/token
+    c.on_finish("r0", Outcome.OK, 436, 1)
+    limiter = c._dispatcher.backends["b0"].limiter
+    assert isinstance(limiter, SluiceLimiter)
+    whole = RequestInfo("r1", "t", 0, "m", 436, 100, first_token_visible=False)
+    c.arrive(whole)
+    assert [a.request_id for a in c.dispatch()] == ["r1"]
+    assert c.next_wakeup() is None  # no alarm armed
+    clock.set(60.0)  # a minute later, still generating
+    assert c.expire() == [] and c.dispatch() == []
+    assert limiter.cuts == 0
+    c.arrive(req("r2", prompt=436))  # a stream sent now does arm one
+    c.dispatch()
+    assert c.next_wakeup() is not None
+
+
 def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
     clock = FakeClock()
     c = Controller(

@@ -301,22 +301,42 @@ def scrape(lim: SluiceLimiter, running: int, kv_usage: float, waiting: int = 0) 
     lim.on_metrics(m, 1.0)
 
 
-def test_alone_on_a_backend_the_whole_budget_is_ours_whatever_the_usage() -> None:
+def test_alone_on_a_backend_twice_in_a_row_the_whole_budget_is_ours() -> None:
     lim = shared(3)
-    scrape(lim, running=3, kv_usage=0.6)  # more KV than we estimated, but all ours
+    scrape(lim, running=3, kv_usage=0.6)  # only ours there, once: others may not show yet
+    # the usage not ours (2,457.6 - 1,080) counts as the others'; we claim the floor share
+    # of what is left: 1,080 + 0.25 * (3,276.8 - 1,080 - 1,377.6)
+    assert lim.kv_budget_tokens == pytest.approx(1284.8)
+    scrape(lim, running=3, kv_usage=0.6)  # again: we are alone, whatever the usage
     assert lim.kv_budget_tokens == pytest.approx(3276.8)
     assert lim.limit == 9  # floor(3276.8 / 360)
 
 
-def test_with_other_replicas_we_claim_our_share_of_the_room_the_scrape_showed() -> None:
+def test_an_idle_backend_gives_an_idle_replica_only_the_floor_share() -> None:
+    # Three replicas that all see an idle backend and then get a burst must not each take
+    # the whole budget before their next scrape.
+    lim = shared(0)
+    scrape(lim, running=0, kv_usage=0.0)
+    assert lim.kv_budget_tokens == pytest.approx(0.25 * 3276.8)
+
+
+def test_with_other_replicas_we_claim_our_share_of_the_room_left_by_their_requests() -> None:
     lim = shared(3)
-    # 9 requests there, 3 ours; 2,048 tokens used, 1,228.8 free within the budget
+    # 9 requests there, 3 ours: the others' 6 will hold 6 * 360 tokens (more than the
+    # 2,048 - 1,080 of the usage that is not ours yet); 36.8 tokens of room are left
     scrape(lim, running=8, waiting=1, kv_usage=0.5)
-    assert lim.kv_budget_tokens == pytest.approx(1080 + 1228.8 / 3)  # 1,489.6
-    assert lim.limit == 4  # floor(1489.6 / 360)
+    assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)  # 1,092.27
+    assert lim.limit == 3  # floor(1092.27 / 360)
     # the budget holds until the next scrape: one of ours leaving frees its room to us
     lim.on_release(2, 1.1)
-    assert lim.kv_budget_tokens == pytest.approx(1489.6)
+    assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)
+
+
+def test_the_others_waiting_requests_count_against_the_room() -> None:
+    lim = shared(2)
+    # 4 requests of others still waiting: not in the usage yet, but they will be
+    scrape(lim, running=2, waiting=4, kv_usage=0.2)
+    assert lim.kv_budget_tokens == pytest.approx(720 + (3276.8 - 720 - 4 * 360) / 3)
 
 
 def test_over_the_budget_we_give_back_our_share_of_the_excess() -> None:
@@ -335,15 +355,49 @@ def test_a_replica_with_nothing_in_flight_claims_the_floor_share() -> None:
     # (the dispatcher still sends one request to a backend with nothing of ours on it)
 
 
-def test_stale_metrics_or_a_lone_scrape_give_the_whole_budget_back() -> None:
+def test_stale_metrics_give_the_whole_budget_back_and_the_others_leaving_too() -> None:
     lim = shared(3)
     scrape(lim, running=9, kv_usage=0.5)
-    assert lim.kv_budget_tokens == pytest.approx(1489.6)
+    assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)
     lim.on_metrics_stale(1.5)
     assert lim.kv_budget_tokens == pytest.approx(3276.8)
     scrape(lim, running=9, kv_usage=0.5)
-    scrape(lim, running=3, kv_usage=0.3)  # the others left
+    # the others left: once is not enough, we keep our share (a third) of the room
+    scrape(lim, running=3, kv_usage=0.3)
+    assert lim.kv_budget_tokens == pytest.approx(1080 + 2048 / 3)
+    scrape(lim, running=3, kv_usage=0.3)
     assert lim.kv_budget_tokens == pytest.approx(3276.8)
+
+
+def test_a_lone_replica_that_sees_one_stray_request_keeps_most_of_the_budget() -> None:
+    lim = shared(8)  # 2,880 tokens of ours
+    scrape(lim, running=8, kv_usage=0.5)
+    scrape(lim, running=8, kv_usage=0.5)
+    assert lim.kv_budget_tokens == pytest.approx(3276.8)  # alone, twice in a row
+    # one request there is not ours (an abort the engine has not processed yet)
+    scrape(lim, running=9, kv_usage=0.55)
+    share = 8 / 9
+    assert lim.kv_budget_tokens == pytest.approx(2880 + share * (3276.8 - 2880 - 360))
+    scrape(lim, running=8, kv_usage=0.5)  # alone again, once: the share we had
+    assert lim.kv_budget_tokens == pytest.approx(2880 + share * (3276.8 - 2880))
+
+
+def test_the_kv_cap_follows_the_footprint_of_the_requests_being_admitted() -> None:
+    admitted: list[float | None] = [None]
+    lim = limiter(footprint_alpha=1.0, demand_footprint=lambda: admitted[0])
+    lim.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
+    lim.on_dispatch(1, 100, 0.0)
+    assert lim.limit == 12  # floor(1280 / 100): nothing admitted yet
+    admitted[0] = 400.0  # long prompts arrive; short ones are still being sent
+    lim.on_release(0, 0.1)
+    assert lim.limit == 3  # floor(1280 / 400)
+    lim.on_dispatch(1, 100, 0.2)
+    assert lim.limit == 3
+    admitted[0] = 50.0  # short prompts arrive: the cap waits for the long ones queued
+    lim.on_dispatch(2, 400, 0.3)
+    assert lim.limit == 3
+    lim.on_dispatch(3, 100, 0.4)
+    assert lim.limit == 12
 
 
 def test_kv_claim_floor_must_be_a_share() -> None:

@@ -1,25 +1,39 @@
 """A client that hangs up on the gateway makes the real vLLM abort its request at once,
-freeing its KV blocks (DESIGN S9)."""
+freeing its KV blocks (DESIGN S9).
+
+Two clocks are read. The gateway's: each request's access record is written (wall clock,
+ms) as its handler unwinds from the client's hang-up, right after it closed the upstream
+connection; against the moment that client closed, that is the gateway's part, per
+client (median ~10 ms here, under 50 ms). vLLM's: its `vllm:num_requests_running` and
+`_waiting`, polled from the closes on, one poll at a time (more would load vLLM's API
+server, which handles the aborts); the first poll that reads 0 bounds the moment they
+dropped (an upper bound: that poll's end)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import re
+import statistics
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from conftest import wait_idle
-from gateway_proc import start_gateway
+from gateway_proc import GatewayProcess, start_gateway
 from loadgen import completion_body, token_prompt
 from vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
 
 STREAMS = 20
+BOUND_S = 0.100
+ROUNDS = 4
+# Until all 20 are in vLLM together; they outgrow its KV cache ~1.5 s after starting.
+SETUP_S = 3.0
 # A fixed cap above STREAMS, so that all 20 run at once on vLLM (the adaptive limiter would
 # rightly hold some back); this test is about the relay, not the limiter.
 POLICY = """
@@ -27,89 +41,138 @@ tenants:
   - {name: chat-app, apiKeys: [sk-demo-p0], priority: 0}
 limiter: {algorithm: fixed, fixedLimit: 32}
 """
-_RUNNING = re.compile(rb"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
+# Running and waiting: 20 requests outgrow vLLM's 31 KV blocks after ~112 tokens each, and
+# then some wait (preempted); all 20 must be gone from both.
+_IN_ENGINE = re.compile(rb"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
+
+
+def _access_records(gw: GatewayProcess, ids: set[str]) -> dict[str, dict[str, Any]]:
+    found = {}
+    for line in list(gw.output):
+        if line.startswith('{"ts":') and '"sluice.access"' in line:
+            record = orjson.loads(line)
+            if record.get("request_id") in ids:
+                found[record["request_id"]] = record
+    return found
+
+
+@dataclass
+class Round:
+    dropped_by_s: float  # upper bound: the end of the first poll that read 0
+    miss_proven: bool  # a poll that began after BOUND_S still read requests in vLLM
+    reaction_ms: list[float]  # per client: its close -> the gateway's access record
+    trace: list[tuple[int, int, int]]  # polls from the closes: (start ms, end ms, count)
+
+
+async def _one_round(
+    s: aiohttp.ClientSession, vllm: VllmServer, gw: GatewayProcess, rng: random.Random
+) -> Round | None:
+    """One measurement; None when the 20 streams never were in vLLM together (on a busy
+    machine some start late, and the first finish or are preempted before they all run)."""
+
+    async def in_engine() -> tuple[float, float, float]:
+        """(poll start, poll end, running + waiting); no full parse of the ~56 KB page."""
+        t = time.monotonic()
+        async with s.get(vllm.url + "/metrics") as r:
+            body = await r.read()
+        return t, time.monotonic(), sum(float(x) for x in _IN_ENGINE.findall(body))
+
+    async def open_stream() -> aiohttp.ClientResponse:
+        # 16 + up to 200 tokens: one 128-token KV block each for the first ~112 tokens (20
+        # of vLLM's 31 usable blocks), seconds of work in all
+        body = completion_body(vllm.model, token_prompt(rng, 16), 200)
+        r = await s.post(
+            gw.url + "/v1/completions",
+            data=orjson.dumps(body),
+            headers={"Authorization": "Bearer sk-demo-p0", "Content-Type": "application/json"},
+        )
+        assert r.status == 200
+        await r.content.readline()  # streaming: the request is running on vLLM
+        return r
+
+    wait_idle(vllm)
+    counted_before = _aborts_counted(gw)
+    streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
+    ids = [r.headers["X-Request-Id"] for r in streams]
+    deadline = time.monotonic() + SETUP_S
+    while (await in_engine())[2] != STREAMS:
+        if time.monotonic() > deadline:
+            for r in streams:
+                r.close()
+            return None
+
+    closed_at: dict[str, float] = {}  # wall clock, as in the gateway's records
+    for rid, r in zip(ids, streams, strict=True):
+        r.close()
+        closed_at[rid] = time.time()
+    closed = time.monotonic()  # the last close (all 20 take well under 1 ms)
+    # One poll at a time from the closes on, until one reads none running or waiting.
+    polls = [await in_engine()]
+    while polls[-1][2] != 0:
+        assert polls[-1][1] - closed < 5, f"vLLM still held requests 5 s later: {polls[-3:]}"
+        polls.append(await in_engine())
+    trace = [(round((a - closed) * 1000), round((b - closed) * 1000), int(n)) for a, b, n in polls]
+    miss_proven = any(a - closed > BOUND_S and n > 0 for a, _, n in polls)
+
+    # The gateway's part, per client: its access record (status 499, the client went away)
+    # against that client's own close. Records are flushed every 0.2 s.
+    deadline = time.monotonic() + 5
+    while len(records := _access_records(gw, set(ids))) < STREAMS:
+        assert time.monotonic() < deadline, f"{len(records)} of {STREAMS} access records"
+        await asyncio.sleep(0.05)
+    assert {rec["status"] for rec in records.values()} == {499}
+    reaction_ms = sorted((float(rec["ts"]) - closed_at[rid]) * 1000 for rid, rec in records.items())
+    # vLLM does not count aborts in vllm:request_success_total; the gateway counts its own.
+    counted = tuple(a - b for a, b in zip(_aborts_counted(gw), counted_before, strict=True))
+    assert counted == (STREAMS, STREAMS), f"(upstream aborts, cancelled) counted: {counted}"
+    return Round(polls[-1][1] - closed, miss_proven, reaction_ms, trace)
+
+
+def _aborts_counted(gw: GatewayProcess) -> tuple[float, float]:
+    """The gateway's (upstream aborts, cancelled requests) counters."""
+    m = gw.metrics()
+    return (
+        m.get('sluice_upstream_aborts_total{backend="backend-0"}', 0.0),
+        m.get('sluice_requests_total{outcome="cancelled",priority="0"}', 0.0),
+    )
 
 
 async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer) -> None:
-    wait_idle(vllm)
+    """20 streams through the gateway, 20 client closes: vLLM runs (or queues) none of
+    them 100 ms later. A round proves it when a poll that read 0 ended within 100 ms of the
+    closes, and disproves it when a poll that began after 100 ms still read some; when
+    vLLM's /metrics answered too slowly to tell either way (one poll can take 50-100 ms on
+    a busy 2-core machine), or when the 20 streams were never in vLLM together, the round
+    is run again: ROUNDS rounds at most."""
     gw = start_gateway([vllm.url], POLICY)
     rng = random.Random(20)
+    rounds: list[Round] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-
-            async def running() -> tuple[float, float, float]:
-                """(poll start, poll end, running); a poll costs a few ms: no full parse."""
-                t = time.monotonic()
-                async with s.get(vllm.url + "/metrics") as r:
-                    body = await r.read()
-                return t, time.monotonic(), sum(float(x) for x in _RUNNING.findall(body))
-
-            async def open_stream() -> aiohttp.ClientResponse:
-                # 16 + up to 200 tokens: one 128-token KV block each for the first ~110
-                # tokens (20 of vLLM's 31 usable blocks), seconds of work in all
-                body = completion_body(vllm.model, token_prompt(rng, 16), 200)
-                r = await s.post(
-                    gw.url + "/v1/completions",
-                    data=orjson.dumps(body),
-                    headers={
-                        "Authorization": "Bearer sk-demo-p0",
-                        "Content-Type": "application/json",
-                    },
+            for _ in range(ROUNDS):
+                r = await _one_round(s, vllm, gw, rng)
+                if r is None:
+                    print("\nthe 20 streams were never in vLLM together: once more")
+                    continue
+                rounds.append(r)
+                print(
+                    f"\nround {len(rounds)}: the gateway closed upstream "
+                    f"{r.reaction_ms[0]:.0f}-{r.reaction_ms[-1]:.0f} ms (median "
+                    f"{statistics.median(r.reaction_ms):.0f}) after each client's close; "
+                    f"vLLM running + waiting 20 -> 0 within {r.dropped_by_s * 1000:.0f} ms "
+                    f"of the closes; polls (start ms, end ms, count): {r.trace}"
                 )
-                assert r.status == 200
-                await r.content.readline()  # streaming: the request is running on vLLM
-                return r
-
-            streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
-            deadline = time.monotonic() + 10
-            while (await running())[2] != STREAMS:
-                assert time.monotonic() < deadline, "the 20 streams never ran together"
-
-            # One poller already running when the streams close (more would load vLLM's API
-            # server and slow the very aborts measured): the first poll that reads 0 bounds
-            # the moment vLLM's count dropped.
-            polls: list[tuple[float, float, float]] = []
-            zero = asyncio.Event()
-
-            async def poller() -> None:
-                while not zero.is_set():
-                    p = await running()
-                    polls.append(p)
-                    if p[2] == 0:
-                        zero.set()
-
-            task = asyncio.create_task(poller())
-            await asyncio.sleep(0.02)
-            for r in streams:
-                r.close()
-            closed = time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(zero.wait(), 5)
-            task.cancel()
-            zeros = [end for _, end, n in polls if n == 0]
-            assert zeros, f"vLLM still ran requests 5 s after the closes: {polls[-3:]}"
-            dropped_by = min(zeros) - closed
-            trace = [
-                (round((a - closed) * 1000), round((b - closed) * 1000), int(n))
-                for a, b, n in polls
-                if b > closed
-            ]
-            print(f"\nvLLM running 20 -> 0 within {dropped_by * 1000:.0f} ms of the closes")
-            assert dropped_by <= 0.100, (
-                f"running dropped to 0 only {dropped_by * 1000:.0f} ms after the closes; "
-                f"polls (start ms, end ms, running): {trace}"
-            )
-
-        # vLLM does not count aborts in vllm:request_success_total; the gateway counts its own.
-        deadline = time.monotonic() + 5
-        while True:
-            m = gw.metrics()
-            aborts = m.get('sluice_upstream_aborts_total{backend="backend-0"}', 0)
-            cancelled = m.get('sluice_requests_total{outcome="cancelled",priority="0"}', 0)
-            if aborts == STREAMS and cancelled == STREAMS:
-                break
-            assert time.monotonic() < deadline, (aborts, cancelled)
-            await asyncio.sleep(0.05)
+                # ms-resolution timestamps: a record may read up to 1 ms before its close
+                assert r.reaction_ms[0] >= -1.0
+                assert r.reaction_ms[-1] <= BOUND_S * 1000, f"the gateway was late: {r}"
+                assert not r.miss_proven, (
+                    f"vLLM still held requests {BOUND_S * 1000:.0f} ms after the closes: {r}"
+                )
+                if r.dropped_by_s <= BOUND_S:
+                    break
+        assert rounds and rounds[-1].dropped_by_s <= BOUND_S, (
+            f"no round could show vLLM empty within {BOUND_S * 1000:.0f} ms of the closes: {rounds}"
+        )
         engine = vllm.metrics()
         assert engine['vllm:request_success_total{finished_reason="abort"}'] == 0
     finally:

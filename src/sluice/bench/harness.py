@@ -16,6 +16,14 @@ starts then if there is work. Metrics a scrape reads are those of the last compl
 
 The `direct` arm has no controller: each attempt goes round robin to the engines, which
 queue everything themselves (what clients talking straight to vLLM get).
+
+Gateway replicas (`ArmSpec.replicas` > 1): that many Controllers, each with its own
+limiters and queues, in front of the same engines, as several `sluice serve` behind a
+load balancer. Each client attempt goes to the next replica, round robin. Each replica
+scrapes every engine every `SCRAPE_INTERVAL_S`, replica k offset by k/replicas of the
+interval (replicas do not scrape in step), and probes health on its own. The series'
+`limit` of a backend is the sum of the replicas' limits, `pressure` their mean; the TTFT
+and TPOT p95 of a scrape go to replica 0 only (no limiter reads them).
 """
 
 from __future__ import annotations
@@ -83,6 +91,12 @@ class ArmSpec:
     phase_policies: tuple[Policy, ...] | None = None
     # Controller keyword arguments (tests and experiments).
     controller_kwargs: dict[str, Any] = field(default_factory=dict)
+    # gateway replicas sharing the engines, each its own Controller (module docstring)
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("replicas must be at least 1")
 
     @property
     def is_direct(self) -> bool:
@@ -99,6 +113,7 @@ class ReqState:
         "backend",
         "end_at",
         "first_token_at",
+        "gw",
         "last_token_at",
         "outcome",
         "queued_at",
@@ -119,6 +134,7 @@ class ReqState:
         self.aid = spec.request_id
         self.state = 0
         self.backend = -1
+        self.gw = 0  # the gateway replica of the current attempt
         self.queued_at = 0.0
         self.sent_at = 0.0
         self.first_token_at: float | None = None
@@ -266,7 +282,6 @@ class _Run:
         self.busy = [False] * n
         self.dead = [False] * n
         self.probe_failures = [0] * n
-        self.healthy = [True] * n
         self.inflight_on: list[dict[str, ReqState]] = [{} for _ in range(n)]
         self.preempt_total = [0] * n
         # state of each engine as of its last completed step: running, waiting, kv usage
@@ -305,15 +320,25 @@ class _Run:
         self.now = 0.0
 
         self.clock = FakeClock()
-        self.ctrl: Controller | None = None
-        self.wakeup_at: float | None = None
+        self.ctrls: list[Controller] = []  # one per gateway replica; none for `direct`
         if not arm.is_direct:
             policy = arm.phase_policies[0] if arm.phase_policies else arm.policy
             assert policy is not None
-            self.ctrl = Controller(policy, self.clock, self.names, **arm.controller_kwargs)
-            for name in self.names:
-                self.ctrl.set_backend_models(name, [MODEL])
-                self.ctrl.set_backend_health(name, True)
+            for k in range(arm.replicas):
+                kwargs = dict(arm.controller_kwargs)
+                if k:
+                    kwargs.setdefault("seed", f"replica-{k}")
+                ctrl = Controller(policy, self.clock, self.names, **kwargs)
+                for name in self.names:
+                    ctrl.set_backend_models(name, [MODEL])
+                    ctrl.set_backend_health(name, True)
+                self.ctrls.append(ctrl)
+        self.ctrl: Controller | None = self.ctrls[0] if self.ctrls else None
+        self.replicas = len(self.ctrls)
+        self.next_gw = 0  # round robin over the replicas
+        self.wakeup_at: list[float | None] = [None] * self.replicas
+        # per replica, per backend: healthy as that replica's controller was told
+        self.healthy = [[True] * n for _ in range(self.replicas)]
         self.limits = self._read_limits()
         # A fixed limit is never cut: no reaction to measure (and reading limits costs).
         self.measure_reaction = self.ctrl is not None and not all(
@@ -329,17 +354,25 @@ class _Run:
         heapq.heappush(self.heap, (t, self.seq, kind, payload))
 
     def _read_limits(self) -> list[float]:
-        if self.ctrl is None:
+        """Per backend, the sum of the replicas' limits."""
+        if not self.ctrls:
             return [math.inf] * self.n
-        b = self.ctrl.snapshot()["backends"]
-        return [float(b[name]["limit"]) for name in self.names]
+        out = [0.0] * self.n
+        for ctrl in self.ctrls:
+            b = ctrl.snapshot()["backends"]
+            for i, name in enumerate(self.names):
+                out[i] += float(b[name]["limit"])
+        return out
 
     # -- main loop ----------------------------------------------------------------------
 
     def run(self) -> None:
         for r in self.reqs:
             self.push(r.spec.arrival, _ARRIVE, r)
-        self.push(SCRAPE_INTERVAL_S, _SCRAPE, None)
+        # A gateway scrapes its backends as it starts (before traffic), then every
+        # interval; replica k is k/replicas of an interval behind replica 0.
+        for k in range(max(1, self.replicas)):
+            self.push(SCRAPE_INTERVAL_S * k / max(1, self.replicas), _SCRAPE, k)
         for i, e in enumerate(self.scenario.spec.events):
             self.push(e.at, _BACKEND_EVENT, i)
         if self.scenario.spec.events and self.ctrl is not None:
@@ -364,11 +397,12 @@ class _Run:
             elif kind == _ARRIVE:
                 self._arrive(t, payload)
             elif kind == _WAKEUP:
-                if self.wakeup_at is not None and t >= self.wakeup_at:
-                    self.wakeup_at = None
-                self._pump(t)
+                at = self.wakeup_at[payload]
+                if at is not None and t >= at:
+                    self.wakeup_at[payload] = None
+                self._pump(t, payload)
             elif kind == _SCRAPE:
-                self._scrape(t)
+                self._scrape(t, payload)
             elif kind == _GIVE_UP:
                 self._give_up(t, payload)
             elif kind == _HEALTH:
@@ -376,8 +410,9 @@ class _Run:
             elif kind == _BACKEND_EVENT:
                 self._backend_event(t, payload)
             elif kind == _PHASE:
-                assert self.ctrl is not None and self.arm.phase_policies is not None
-                self.ctrl.apply_policy(self.arm.phase_policies[payload])
+                assert self.ctrls and self.arm.phase_policies is not None
+                for ctrl in self.ctrls:
+                    ctrl.apply_policy(self.arm.phase_policies[payload])
                 self._pump(t)
             self.now = t
             if self.outstanding == 0 and t >= self.duration:
@@ -395,7 +430,7 @@ class _Run:
 
     def _arrive(self, t: float, r: ReqState) -> None:
         spec = r.spec
-        if self.ctrl is None:
+        if not self.ctrls:
             b = self.rr % self.n
             self.rr += 1
             r.queued_at = t
@@ -413,7 +448,10 @@ class _Run:
             client_deadline=None if spec.deadline is None else t + spec.deadline,
             retry_attempt=r.attempt,
         )
-        adm = self.ctrl.arrive(info)
+        gw = self.next_gw
+        self.next_gw = (gw + 1) % self.replicas
+        r.gw = gw
+        adm = self.ctrls[gw].arrive(info)
         if not adm.queued:
             assert adm.code is not None
             self._rejected(t, r, adm.code.value, adm.retry_after_s)
@@ -424,7 +462,7 @@ class _Run:
             self.queued_by_class[spec.priority] += 1
             if spec.deadline is not None:
                 self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
-        self._pump(t)
+        self._pump(t, gw)
 
     def _rejected(self, t: float, r: ReqState, code: str, retry_after: float | None) -> None:
         cls = r.spec.class_name
@@ -460,7 +498,7 @@ class _Run:
         r, attempt = payload
         if r.attempt != attempt or r.state not in (_QUEUED, _INFLIGHT):
             return
-        ctrl = self.ctrl
+        ctrl = self.ctrls[r.gw] if self.ctrls else None
         if r.state == _QUEUED:
             self.queued_by_class[r.spec.priority] -= 1
             self.by_aid.pop(r.aid, None)
@@ -471,7 +509,7 @@ class _Run:
             r.wasted += r.tokens  # a truncated answer is of no use to its client
         self._retry_or_end(t, r, TIMEOUT, None)
         if ctrl is not None:
-            self._pump(t)
+            self._pump(t, r.gw)
 
     def _leave_backend(self, t: float, r: ReqState, outcome: Outcome) -> None:
         """The client goes away from an in-flight attempt: abort it on the engine."""
@@ -480,15 +518,23 @@ class _Run:
         self.inflight_on[b].pop(r.aid, None)
         if not self.dead[b]:
             self.engines[b].abort(r.aid, t)
-        if self.ctrl is not None:
-            self.ctrl.on_finish(r.aid, outcome, r.spec.prompt_tokens, r.tokens)
+        if self.ctrls:
+            self.ctrls[r.gw].on_finish(r.aid, outcome, r.spec.prompt_tokens, r.tokens)
 
     # -- the gateway ----------------------------------------------------------------------
 
-    def _pump(self, t: float, *, check_cuts: bool = False) -> None:
-        ctrl = self.ctrl
-        if ctrl is None:
+    def _pump(self, t: float, gw: int | None = None, *, check_cuts: bool = False) -> None:
+        """Let replica `gw` (None: every replica) act on what changed."""
+        if not self.ctrls:
             return
+        for k in range(self.replicas) if gw is None else (gw,):
+            self._pump_one(t, k)
+        if self.open_episodes and (check_cuts or t >= self.next_cut_check):
+            self.next_cut_check = t + CUT_CHECK_EVERY_S
+            self._check_cuts(t)
+
+    def _pump_one(self, t: float, gw: int) -> None:
+        ctrl = self.ctrls[gw]
         for rej in ctrl.expire():
             r = self.by_aid.pop(rej.request_id, None)
             if r is None or r.state != _QUEUED:
@@ -505,14 +551,12 @@ class _Run:
                 r.admitted_after_ra += 1
             self._send(t, r, self.name_index[a.backend])
         nw = ctrl.next_wakeup()
-        if nw is not None and (self.wakeup_at is None or nw < self.wakeup_at):
+        at = self.wakeup_at[gw]
+        if nw is not None and (at is None or nw < at):
             if nw <= t:
                 nw = t + 1e-6
-            self.wakeup_at = nw
-            self.push(nw, _WAKEUP, None)
-        if self.open_episodes and (check_cuts or t >= self.next_cut_check):
-            self.next_cut_check = t + CUT_CHECK_EVERY_S
-            self._check_cuts(t)
+            self.wakeup_at[gw] = nw
+            self.push(nw, _WAKEUP, gw)
 
     # -- engines --------------------------------------------------------------------------
 
@@ -523,11 +567,12 @@ class _Run:
         if self.dead[b]:
             # connection refused: the gateway takes the backend out at once
             self.by_aid.pop(r.aid, None)
-            if self.ctrl is not None:
-                self.ctrl.on_finish(r.aid, Outcome.ERROR)
-                if self.healthy[b]:
-                    self.healthy[b] = False
-                    self.ctrl.set_backend_health(self.names[b], False)
+            if self.ctrls:
+                ctrl = self.ctrls[r.gw]
+                ctrl.on_finish(r.aid, Outcome.ERROR)
+                if self.healthy[r.gw][b]:
+                    self.healthy[r.gw][b] = False
+                    ctrl.set_backend_health(self.names[b], False)
             self._retry_or_end(t, r, FAILED, None)
             return
         r.state = _INFLIGHT
@@ -537,7 +582,7 @@ class _Run:
         engine.submit(
             EngineRequest(r.aid, spec.prompt_tokens, spec.max_tokens, spec.output_tokens), t
         )
-        if self.ctrl is None and spec.deadline is not None:
+        if not self.ctrls and spec.deadline is not None:
             self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
         if not self.busy[b]:
             self._start_step(t, b)
@@ -577,8 +622,7 @@ class _Run:
         if result.preempted:
             self._preempted(t, b, result)
         by_aid = self.by_aid
-        ctrl = self.ctrl
-        on_first = ctrl.on_first_token if ctrl is not None else None
+        ctrls = self.ctrls
         ttfts = self.ttft_window[b]
         gen_tokens = 0
         for ev in result.tokens:
@@ -590,8 +634,8 @@ class _Run:
             if index == 0:
                 r.first_token_at = t
                 ttfts.append(t - r.sent_at)
-                if on_first is not None:
-                    on_first(r.aid)
+                if ctrls:
+                    ctrls[r.gw].on_first_token(r.aid)
             else:
                 gen_tokens += 1
             r.last_token_at = t
@@ -606,7 +650,7 @@ class _Run:
             self._start_step(t, b)
         else:
             self.busy[b] = False
-        if ctrl is not None:
+        if ctrls:
             self._pump(t)
 
     def _completed(self, t: float, r: ReqState, outcome: str) -> None:
@@ -615,8 +659,8 @@ class _Run:
         self.inflight_on[b].pop(r.aid, None)
         if outcome == CANCELLED:
             self.engines[b].abort(r.aid, t)
-        if self.ctrl is not None:
-            self.ctrl.on_finish(
+        if self.ctrls:
+            self.ctrls[r.gw].on_finish(
                 r.aid,
                 Outcome.OK if outcome == OK else Outcome.CANCELLED,
                 r.spec.prompt_tokens,
@@ -638,9 +682,10 @@ class _Run:
 
     # -- scrapes, health, failures ------------------------------------------------------
 
-    def _scrape(self, t: float) -> None:
-        ctrl = self.ctrl
-        if ctrl is not None:
+    def _scrape(self, t: float, gw: int) -> None:
+        """Replica `gw` scrapes every engine (replica 0 also samples the series)."""
+        if self.ctrls:
+            ctrl = self.ctrls[gw]
             for b, name in enumerate(self.names):
                 if self.dead[b]:
                     ctrl.metrics_stale(name)
@@ -654,34 +699,37 @@ class _Run:
                     preemptions_total=float(self.preempt_total[b]),
                     num_gpu_blocks=self.profile.num_gpu_blocks,
                     block_size=self.profile.block_size,
-                    ttft_p95_s=_p95(self.ttft_window[b]),
-                    tpot_p95_s=_weighted_p95(self.itl_window[b]),
+                    ttft_p95_s=None if gw else _p95(self.ttft_window[b]),
+                    tpot_p95_s=None if gw else _weighted_p95(self.itl_window[b]),
                 )
-                self.ttft_window[b] = []
-                self.itl_window[b] = []
+                if not gw:
+                    self.ttft_window[b] = []
+                    self.itl_window[b] = []
                 ctrl.on_metrics(name, m)
-            self._pump(t, check_cuts=True)
+            self._pump(t, gw, check_cuts=True)
         else:
             for b in range(self.n):
                 self.ttft_window[b] = []
                 self.itl_window[b] = []
+        if t < self.duration or self.outstanding > 0:
+            self.push(t + SCRAPE_INTERVAL_S, _SCRAPE, gw)
+        if gw:
+            return
         if t >= self.next_series_at:
             self._sample(t)
             self.next_series_at = t + self.series_interval - 1e-9
         if self.progress is not None:
             self.progress(t)
-        if t < self.duration or self.outstanding > 0:
-            self.push(t + SCRAPE_INTERVAL_S, _SCRAPE, None)
 
     def _sample(self, t: float) -> None:
         s = self.series
         s.t.append(round(t, 3))
-        if self.ctrl is not None:
-            snap = self.ctrl.snapshot()
-            backends = snap["backends"]
-            s.pressure.append(round(snap["pressure"], 4))
+        if self.ctrls:
+            snaps = [ctrl.snapshot() for ctrl in self.ctrls]
+            pressure = sum(snap["pressure"] for snap in snaps) / len(snaps)
+            s.pressure.append(round(pressure, 4))
             for b, name in enumerate(self.names):
-                s.limit[b].append(backends[name]["limit"])
+                s.limit[b].append(sum(snap["backends"][name]["limit"] for snap in snaps))
         for b in range(self.n):
             s.inflight[b].append(len(self.inflight_on[b]))
             _, waiting, kv = self.published[b]
@@ -697,21 +745,21 @@ class _Run:
                 col.append(self.rejected_total.get(code, 0))
 
     def _health(self, t: float) -> None:
-        ctrl = self.ctrl
-        assert ctrl is not None
+        """Every replica probes every engine (at the same time)."""
+        assert self.ctrls
         changed = False
         for b, name in enumerate(self.names):
             if self.dead[b]:
                 self.probe_failures[b] += 1
-                if self.probe_failures[b] >= UNHEALTHY_AFTER and self.healthy[b]:
-                    self.healthy[b] = False
-                    ctrl.set_backend_health(name, False)
-                    changed = True
             else:
                 self.probe_failures[b] = 0
-                if not self.healthy[b]:
-                    self.healthy[b] = True
-                    ctrl.set_backend_health(name, True)
+            healthy = not self.dead[b] or self.probe_failures[b] < UNHEALTHY_AFTER
+            for ctrl, seen in zip(self.ctrls, self.healthy, strict=True):
+                # a failed probe takes a backend out only after UNHEALTHY_AFTER in a row;
+                # one good probe brings it back
+                if seen[b] != healthy and (not healthy or not self.dead[b]):
+                    seen[b] = healthy
+                    ctrl.set_backend_health(name, healthy)
                     changed = True
         if changed:
             self._pump(t)
@@ -731,14 +779,14 @@ class _Run:
             for r in cut:
                 self.by_aid.pop(r.aid, None)
                 r.wasted += r.tokens
-                if self.ctrl is not None:
-                    self.ctrl.on_finish(r.aid, Outcome.ERROR, r.spec.prompt_tokens, r.tokens)
+                if self.ctrls:
+                    self.ctrls[r.gw].on_finish(r.aid, Outcome.ERROR, r.spec.prompt_tokens, r.tokens)
                 self._retry_or_end(t, r, FAILED, None)
         elif ev.action == "recover" and self.dead[b]:
             self.dead[b] = False
             self.engines[b] = Engine(self.profile, seed=self.seed + b + 1000 * self.engine_gen[b])
             self.preempt_total[b] = 0
-        if self.ctrl is not None:
+        if self.ctrls:
             self._pump(t)
 
     # -- the limit's reaction to queueing -------------------------------------------------

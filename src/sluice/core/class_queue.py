@@ -1,8 +1,8 @@
 """One priority class's queue: per-tenant fair sub-queues with deficit round robin.
 
 Structure (every operation O(1) amortised, except DRR turns over tenants):
-  * `_all`: every queued record in arrival order (OrderedDict), for the oldest request
-    (class timeout, head sojourn) and O(1) removal by request id;
+  * `by_arrival`: every queued record in arrival order (OrderedDict; read-only outside),
+    for the oldest request (class timeout, head sojourn) and O(1) removal by request id;
   * one OrderedDict per tenant, in arrival order, for that tenant's next request;
   * a deque of active tenants for deficit round robin on estimated tokens: on its turn a
     tenant earns quantum * weight tokens of credit and is served while its head request's
@@ -38,7 +38,7 @@ class TenantQueue:
 class ClassQueue:
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self._all: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.by_arrival: OrderedDict[str, RequestRecord] = OrderedDict()
         self._tenants: dict[str, TenantQueue] = {}
         self._active: deque[TenantQueue] = deque()
         self._deadlines: list[tuple[float, int, str]] = []
@@ -49,13 +49,13 @@ class ClassQueue:
         return self.policy.priority
 
     def __len__(self) -> int:
-        return len(self._all)
+        return len(self.by_arrival)
 
     def __contains__(self, request_id: str) -> bool:
-        return request_id in self._all
+        return request_id in self.by_arrival
 
     def oldest(self) -> RequestRecord | None:
-        for rec in self._all.values():
+        for rec in self.by_arrival.values():
             return rec
         return None
 
@@ -69,7 +69,7 @@ class ClassQueue:
     # -- add / remove ------------------------------------------------------------------
 
     def push(self, rec: RequestRecord) -> None:
-        self._all[rec.request_id] = rec
+        self.by_arrival[rec.request_id] = rec
         t = self._tenants.get(rec.tenant)
         if t is None:
             t = self._tenants[rec.tenant] = TenantQueue(rec.tenant, rec.weight)
@@ -87,12 +87,14 @@ class ClassQueue:
 
     def remove(self, request_id: str) -> RequestRecord | None:
         """Take a request out wherever it is (client gone, dropped). O(1)."""
-        rec = self._all.pop(request_id, None)
+        rec = self.by_arrival.pop(request_id, None)
         if rec is not None:
             t = self._tenants[rec.tenant]
             del t.items[request_id]
             if not t.items:
                 t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
+            if not self.by_arrival:
+                self._deadlines.clear()  # all stale: lazy deletion must not pile them up
         return rec
 
     # -- deficit round robin -----------------------------------------------------------
@@ -138,8 +140,8 @@ class ClassQueue:
         timeout minus `slack`, or past their client deadline minus `slack`."""
         due: list[RequestRecord] = []
         cutoff = now + slack - self.policy.timeout  # enqueued at or before this: due
-        while self._all:
-            rec = next(iter(self._all.values()))
+        while self.by_arrival:
+            rec = next(iter(self.by_arrival.values()))
             if rec.enqueued_at > cutoff:
                 break
             self.remove(rec.request_id)
@@ -148,7 +150,7 @@ class ClassQueue:
         limit = now + slack
         while heap:
             deadline, _, rid = heap[0]
-            if rid not in self._all:
+            if rid not in self.by_arrival:
                 heapq.heappop(heap)  # already gone: lazy deletion
                 continue
             if deadline > limit:
@@ -166,7 +168,7 @@ class ClassQueue:
         if oldest is not None:
             at = oldest.enqueued_at + self.policy.timeout - slack
         heap = self._deadlines
-        while heap and heap[0][2] not in self._all:
+        while heap and heap[0][2] not in self.by_arrival:
             heapq.heappop(heap)
         if heap:
             d = heap[0][0] - slack

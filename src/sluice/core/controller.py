@@ -6,15 +6,16 @@ keeps the single source of truth about each request: queued, in flight, or gone 
 unknown id). Time comes only from the injected clock; nothing here sleeps or does I/O.
 
 Driving it: call `arrive` for each request; after every event (arrival, finish, cancel,
-health or metrics change) call `dispatch` and act on the assignments; arm a timer for
-`next_wakeup` and call `expire` when it fires (then `dispatch` again).
+health or metrics change) call `step` and act on what it says: the assignments to start,
+the queued requests to refuse, and when to call `step` again if nothing else happens
+(`dispatch`, `expire` and `next_wakeup` are the same pass in three calls).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy, PressurePolicy
 from sluice.core.backend_state import BackendState
@@ -42,8 +43,17 @@ from sluice.core.types import (
 
 PRIORITIES = (0, 1, 2)
 _DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
+_QUEUED = Admission.ok()  # shared: an answer is never changed
 
 LimiterFactory = Callable[[str, LimiterPolicy, int | None], Limiter]
+
+
+class Step(NamedTuple):
+    """What one pass of the controller decided (see `Controller.step`)."""
+
+    assignments: list[Assignment]
+    rejections: list[Rejection]
+    wake_at: float | None  # call step() again by then if nothing else happens
 
 
 class ClassCounters:
@@ -145,6 +155,7 @@ class Controller:
         self._cost = cost_model or TokenCostModel()
         self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
         self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
+        self._slack_cache: tuple[float, list[float]] | None = None  # (ttft, slacks)
         self._pending: list[Rejection] = []  # found due inside dispatch(): for expire()
         self._alarms: list[tuple[float, int, str]] = []  # (due, seq, id): overdue TTFT
         self._seq = 0
@@ -166,7 +177,20 @@ class Controller:
         if lp.algorithm == "sluice":
             kwargs.setdefault("seed", f"{self._seed}:{name}")
             kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved.p0)
+            kwargs.setdefault("demand_footprint", self._admitted_footprint_of(name))
         return make_limiter(lp, initial_limit=initial, **kwargs)
+
+    def _admitted_footprint_of(self, name: str) -> Callable[[], float | None]:
+        """For a backend's limiter: the footprint of the requests being admitted for the
+        models it serves (the mix it will be sent next)."""
+        backends = self._dispatcher.backends
+        cost = self._cost
+
+        def admitted() -> float | None:
+            b = backends.get(name)
+            return cost.admitted_footprint(frozenset() if b is None else b.models)
+
+        return admitted
 
     def set_backends(self, names: Sequence[str]) -> None:
         wanted = list(dict.fromkeys(names))
@@ -288,9 +312,10 @@ class Controller:
             cost=footprint,
         )
         self._records[rid] = rec
-        q.push(rec)
         counters.admitted += 1
-        return Admission.ok()
+        cost.note_admitted(req.model, footprint)
+        q.push(rec)
+        return _QUEUED
 
     def _refuse(self, counters: ClassCounters, code: RejectCode, retry_s: float) -> Admission:
         _bump(counters.rejected, code.value)
@@ -321,31 +346,59 @@ class Controller:
     # -- dispatch and expiry -----------------------------------------------------------
 
     def _slacks(self) -> list[float]:
-        """Per priority: how much earlier than its deadline a queued request is dropped."""
+        """Per priority: how much earlier than its deadline a queued request is dropped.
+        Cached: it changes only with the expected TTFT or the policy."""
         ttft = self._ttft.get(0.0)
-        return [head_slack(q.policy, ttft) for q in self._queues]
+        cached = self._slack_cache
+        if cached is not None and cached[0] == ttft:
+            return cached[1]
+        slacks = [head_slack(q.policy, ttft) for q in self._queues]
+        self._slack_cache = (ttft, slacks)
+        return slacks
+
+    def step(self) -> Step:
+        """One pass after any event: overdue first-token alarms, queued requests whose
+        wait is over, what may be dispatched now, and when to look again. The shell calls
+        it after every arrival, finish, cancel and health or metrics change, and when the
+        time it returned comes."""
+        now = self._clock.now()
+        if self._alarms and self._alarms[0][0] <= now:
+            self._check_alarms(now)
+        q0, q1, q2 = self._queues
+        if not (q0.by_arrival or q1.by_arrival or q2.by_arrival):
+            # Nothing queued: nothing to dispatch or drop (the common case below the limit).
+            out, self._pending = self._pending, []
+            return Step([], out, now if out else self._next_alarm())
+        slacks = self._slacks()
+        assignments = self._dispatch_at(now, slacks)
+        out, self._pending = self._pending, []
+        return Step(assignments, out, now if out else self._wakeup(slacks))
 
     def dispatch(self) -> list[Assignment]:
         now = self._clock.now()
         self._check_alarms(now)
-        slacks = self._slacks()
+        return self._dispatch_at(now, self._slacks())
+
+    def _dispatch_at(self, now: float, slacks: list[float]) -> list[Assignment]:
         self._collect_due(now, slacks)
         placed, dropped = self._dispatcher.dispatch(self._queues, now, slacks)
         for rec in dropped:
             self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
-        out: list[Assignment] = []
-        for rec, b in placed:
-            rec.state = RequestState.INFLIGHT
-            rec.dispatched_at = now
-            rec.inflight_at_send = b.inflight
-            prio = rec.priority
-            self._counters[prio].dispatched += 1
-            self._drain.record_dispatch(prio, now)
+        return [self._started(rec, b, now) for rec, b in placed]
+
+    def _started(self, rec: RequestRecord, b: BackendState, now: float) -> Assignment:
+        """Book-keeping for a request the dispatcher just placed on `b`."""
+        rec.state = RequestState.INFLIGHT
+        rec.dispatched_at = now
+        rec.inflight_at_send = b.inflight
+        prio = rec.priority
+        self._counters[prio].dispatched += 1
+        self._drain.record_dispatch(prio, now)
+        if rec.info.first_token_visible:
             alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
             if alarm is not None:
                 heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
-            out.append(Assignment(rec.request_id, b.name, now - rec.enqueued_at))
-        return out
+        return Assignment(rec.request_id, b.name, now - rec.enqueued_at)
 
     def expire(self) -> list[Rejection]:
         now = self._clock.now()
@@ -357,21 +410,29 @@ class Controller:
     def next_wakeup(self) -> float | None:
         if self._pending:
             return self._clock.now()
+        return self._wakeup(self._slacks())
+
+    def _wakeup(self, slacks: list[float]) -> float | None:
         at: float | None = None
-        for q, slack in zip(self._queues, self._slacks(), strict=True):
-            t = q.next_due(slack)
-            if t is not None and (at is None or t < at):
-                at = t
+        for q, slack in zip(self._queues, slacks, strict=True):
+            if q.by_arrival:
+                t = q.next_due(slack)
+                if t is not None and (at is None or t < at):
+                    at = t
+        alarm = self._next_alarm()
+        if alarm is not None and (at is None or alarm < at):
+            at = alarm
+        return at
+
+    def _next_alarm(self) -> float | None:
         alarms = self._alarms
         while alarms and not self._alarm_live(alarms[0]):
             heapq.heappop(alarms)
-        if alarms and (at is None or alarms[0][0] < at):
-            at = alarms[0][0]
-        return at
+        return alarms[0][0] if alarms else None
 
     def _collect_due(self, now: float, slacks: list[float]) -> None:
         for q, slack in zip(self._queues, slacks, strict=True):
-            if len(q):
+            if q.by_arrival:
                 for rec in q.pop_due(now, slack):
                     self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
 
@@ -475,7 +536,7 @@ class Controller:
         now = self._clock.now()
         b = rec.backend
         assert b is not None and rec.dispatched_at is not None
-        self._dispatcher.release(rec, now)
+        self._dispatcher.release(rec, now, refresh=False)  # refreshed once, below
         _bump(self._counters[rec.priority].finished, outcome.value)
         if outcome is Outcome.OK:
             self._cost.observe(
@@ -486,6 +547,7 @@ class Controller:
             self._quotas.settle(rec.tenant, used - rec.quota_tokens, now)
         self._quotas.release(rec.tenant, now)
         if outcome is Outcome.CANCELLED:
+            self._dispatcher.refresh(b)
             return  # no latency signal
         e2e = now - rec.dispatched_at
         ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
@@ -594,6 +656,7 @@ class Controller:
         self._policy = policy
         for q in self._queues:
             q.policy = policy.queue(q.priority)
+        self._slack_cache = None
         self._thresholds = class_thresholds(policy)
         self._drain.max_s = policy.pressure.max_retry_after
         d = self._dispatcher

@@ -140,7 +140,9 @@ class Dispatcher:
         b.limiter.on_dispatch(b.inflight, rec.cost, now)
         self.refresh(b)
 
-    def release(self, rec: RequestRecord, now: float) -> None:
+    def release(self, rec: RequestRecord, now: float, *, refresh: bool = True) -> None:
+        """The request left its backend. `refresh=False` when the caller refreshes the
+        backend itself right after (after feeding its limiter a sample)."""
         b = rec.backend
         if b is None:
             return
@@ -151,7 +153,8 @@ class Dispatcher:
         if b.inflight == 0:
             b.prefill_tokens = 0.0  # no float drift left behind
         b.limiter.on_release(b.inflight, now)
-        self.refresh(b)
+        if refresh:
+            self.refresh(b)
 
     def prefilled(self, rec: RequestRecord) -> None:
         """The request's prompt is no longer waiting (first token, or it left)."""
@@ -206,7 +209,7 @@ class Dispatcher:
         q0, q1 = queues[0], queues[1]
         while self._open_all:
             aged = False
-            if q1 and q0:
+            if q1.by_arrival and q0.by_arrival:
                 oldest = q1.oldest()
                 aged = oldest is not None and now - oldest.enqueued_at > self.aging_after_s
             if not aged:
@@ -215,6 +218,8 @@ class Dispatcher:
             blocked: set[str] = set()
             progress = False
             for q in (q1, q0, queues[2]) if guard else queues:
+                if not q.by_arrival:
+                    continue
                 rec = q.peek()
                 if rec is None:
                     continue

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made on every arrival: not frozen (5x cheaper)
 class PressureInputs:
     inflight: int
     limit_total: int  # sum of the limits of the healthy backends

@@ -9,6 +9,12 @@
 
 The footprint is what the fair queues charge (deficit round robin on tokens) and what the
 KV budget of a backend counts.
+
+The model also keeps, per model, an EWMA of the footprints of the requests being admitted
+(`note_admitted`, `admitted_footprint`; alpha 0.1 like the others, so about the last ten
+admissions): the mix that will be dispatched next, which the `sluice` limiter reads so
+that its limit follows a change of mix as it arrives rather than once the requests
+admitted before it have been dispatched.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class TokenCostModel:
         first_output_fraction: float = 0.5,
         min_ratio: float = 0.25,
         max_ratio: float = 4.0,
+        admitted_alpha: float | None = None,
     ) -> None:
         self.alpha = alpha
         self.first_output_fraction = first_output_fraction
@@ -33,6 +40,10 @@ class TokenCostModel:
         self.max_ratio = max_ratio
         self._prompt_ratio: dict[str, Ewma] = {}
         self._output_mean: dict[tuple[str, str], Ewma] = {}
+        # per admission, like the other EWMAs here unless told otherwise
+        self.admitted_alpha = alpha if admitted_alpha is None else admitted_alpha
+        self._admitted: dict[str, Ewma] = {}  # per model
+        self._admitted_any = Ewma(self.admitted_alpha)  # all models (backends serving any)
 
     def prompt_ratio(self, model: str) -> float:
         e = self._prompt_ratio.get(model)
@@ -72,3 +83,23 @@ class TokenCostModel:
             if e is None:
                 e = self._output_mean[key] = Ewma(self.alpha)
             e.update(float(completion_tokens))
+
+    def note_admitted(self, model: str, footprint: float) -> None:
+        """A request of this footprint was admitted (it will be dispatched)."""
+        e = self._admitted.get(model)
+        if e is None:
+            e = self._admitted[model] = Ewma(self.admitted_alpha)
+        e.update(footprint)
+        self._admitted_any.update(footprint)
+
+    def admitted_footprint(self, models: frozenset[str]) -> float | None:
+        """EWMA of the admitted footprints for a backend serving `models` (empty: any
+        model): the largest over its models; None before any admission."""
+        if not models:
+            return self._admitted_any.value
+        out: float | None = None
+        for model in models:
+            e = self._admitted.get(model)
+            if e is not None and e.value is not None and (out is None or e.value > out):
+                out = e.value
+        return out

@@ -1,5 +1,7 @@
 """Values that cross the line between the core (decisions) and its drivers: the gateway's
-HTTP shell and the discrete-event simulation. Plain frozen dataclasses, no behaviour."""
+HTTP shell and the discrete-event simulation. Plain dataclasses, no behaviour, treated as
+values: nobody changes one after it is made. Those made per request or per token are not
+`frozen` (a frozen dataclass costs about five times as much to create)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ class RejectCode(StrEnum):
     NO_BACKEND = "no_backend"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestInfo:
     """What the core knows of a request when it arrives."""
 
@@ -34,9 +36,13 @@ class RequestInfo:
     client_deadline: float | None = None
     feature: str | None = None
     retry_attempt: int = 0  # from X-Sluice-Retry / x-stainless-retry-count
+    # The shell sees the first token (a stream). A non-streamed answer arrives whole at the
+    # end: no first-token time to measure, so no overdue-first-token alarm either (its
+    # length would look like a TTFT that never came).
+    first_token_visible: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admission:
     """The answer to `arrive`: queued (wait for an assignment) or rejected at once."""
 
@@ -49,7 +55,7 @@ class Admission:
         return Admission(queued=True)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Assignment:
     """A queued request that may now go to `backend`."""
 
@@ -58,7 +64,7 @@ class Assignment:
     queued_s: float  # time it spent in the queue
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rejection:
     """A queued request the core has dropped (timeout, or its client will not wait)."""
 
@@ -93,7 +99,7 @@ class BackendMetrics:
     tpot_p95_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sample:
     """A latency observation for a backend's limiter."""
 

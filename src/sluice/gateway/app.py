@@ -7,6 +7,7 @@ and completion back to the core. The decisions are the core's; this module only 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import os
@@ -43,7 +44,10 @@ log = logging.getLogger("sluice.gateway")
 DEFAULT_MAX_TOKENS = 1024
 # Attempts per request when a backend fails before anything reached the client.
 MAX_ATTEMPTS = 2
+# A retry waits for a slot at most this long (the Retry-After of the answer it replaces).
+RETRY_WAIT_S = 1.0
 ACCESS_FLUSH_S = 0.2
+UPSTREAM_KEEPALIVE_S = 4.0
 _DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
@@ -87,7 +91,11 @@ class Gateway:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self, _app: web.Application | None = None) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=300)
+        # Idle upstream connections are closed after 4 s: before the backend's own keep-alive
+        # timeout (vLLM's uvicorn: 5 s) can close one under a request being sent on it,
+        # which would look like a backend that went away.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S,
+                                         ttl_dns_cache=300)
         # The relay bounds each call with the request's own deadline; the session adds
         # only a connect timeout for new connections (no per-request timer of its own).
         self.session = aiohttp.ClientSession(
@@ -110,6 +118,10 @@ class Gateway:
             self.watcher = PolicyWatcher(self.policy_path, self.apply_policy,
                                          self.telemetry.policy_reloaded)
             self.watcher.start()
+        # Everything loaded so far lives as long as the process: keep it out of the
+        # collector's full passes, which otherwise walk it again and again under load.
+        gc.collect()
+        gc.freeze()
 
     def apply_policy(self, policy: Policy) -> None:
         """Hot reload: new queues, tenants, limits, features and backends take effect at
@@ -289,8 +301,11 @@ class Gateway:
                                   "replica.", "shutting_down", {**headers, "Retry-After": "1"})
 
         try:
-            async with asyncio.timeout(self.policy.server.read_timeout):
-                raw = await request.read()
+            if request.content.is_eof():
+                raw = await request.read()  # all here already: no timer needed
+            else:
+                async with asyncio.timeout(self.policy.server.read_timeout):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return error_response(
                 413, f"the body is larger than {self.policy.server.max_body_bytes} bytes",
@@ -324,7 +339,6 @@ class Gateway:
         # stops an upstream call at the client's overall deadline.
         wait_deadline = started + first_byte_s if first_byte_s is not None else None
         deadline = started + total_s if total_s is not None else None
-        queue_name = self.policy.queue(priority).name
         body = upstream_body(parsed, raw)
         base_id = f"{self._id_prefix}-{next(self._ids)}"
         headers["X-Request-Id"] = base_id
@@ -338,12 +352,21 @@ class Gateway:
             if not ticket.ok:
                 fields["outcome"] = RejectCode.TENANT_QUOTA.value
                 return self._rejected(priority, RejectCode.TENANT_QUOTA, ticket.retry_after_s,
-                                      queue_name, headers, breaker)
+                                      headers, breaker)
             request[QUOTA_TICKET] = ticket  # closed by _complete on every way out
         # A request that failed before anything reached its client is tried once more on
         # another backend; after the first byte it is never replayed.
+        failed: RelayResult | None = None  # the answer a retry replaces
         for attempt in range(MAX_ATTEMPTS):
             request_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
+            patience = wait_deadline
+            if failed is not None:
+                # The retry is the gateway's own idea: it may not wait for a slot past the
+                # client's deadline nor longer than the refusal's Retry-After; if it finds
+                # none by then, the client gets the first answer.
+                patience = self.clock.now() + RETRY_WAIT_S
+                if wait_deadline is not None:
+                    patience = min(patience, wait_deadline)
             info = RequestInfo(
                 request_id=request_id,
                 tenant=tenant.name,
@@ -352,25 +375,30 @@ class Gateway:
                 prompt_tokens=parsed.prompt_tokens_est,
                 max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
                 weight=tenant.weight,
-                client_deadline=wait_deadline,
+                client_deadline=patience,
                 feature=feature.name if feature else None,
                 retry_attempt=retry[0] if retry else 0,
+                first_token_visible=parsed.stream,
             )
             admission = self.controller.arrive(info)
             if not admission.queued:
                 assert admission.code is not None
+                if failed is not None:
+                    return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = admission.code.value
                 return self._rejected(priority, admission.code, admission.retry_after_s,
-                                      queue_name, headers, breaker)
+                                      headers, breaker)
             decision = await self.bridge.wait(request_id)
             queued_total += decision.queued_s
             headers["X-Sluice-Queue-Ms"] = str(round(queued_total * 1000))
             fields["queue_ms"] = round(queued_total * 1000, 1)
             if isinstance(decision, Rejection):
-                fields["outcome"] = decision.code.value
                 self.telemetry.observe_queue_wait(priority, decision.queued_s)
+                if failed is not None:
+                    return self._retry_gave_up(failed, priority, started, fields, headers)
+                fields["outcome"] = decision.code.value
                 return self._rejected(priority, decision.code, decision.retry_after_s,
-                                      queue_name, headers, breaker)
+                                      headers, breaker)
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
             headers["X-Sluice-Backend"] = decision.backend
             fields.update(backend=decision.backend, attempt=attempt + 1)
@@ -399,6 +427,7 @@ class Gateway:
                 if attempt + 1 < MAX_ATTEMPTS and (deadline is None
                                                    or self.clock.now() < deadline):
                     self.telemetry.outcome(priority, "retried_on_other_backend")
+                    failed = result
                     continue
             self.telemetry.outcome(priority, result.outcome.value)
             self.telemetry.observe_latency(priority, self.clock.now() - started)
@@ -441,15 +470,27 @@ class Gateway:
         self.bridge.pump()
         return result
 
+    def _retry_gave_up(
+        self, failed: RelayResult, priority: int, started: float, fields: dict[str, Any],
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """A retry found no slot in time: the client gets the first attempt's answer."""
+        fields["outcome"] = failed.outcome.value
+        if "X-Sluice-Queue-Ms" in headers:
+            failed.response.headers["X-Sluice-Queue-Ms"] = headers["X-Sluice-Queue-Ms"]
+        self.telemetry.outcome(priority, failed.outcome.value)
+        self.telemetry.observe_latency(priority, self.clock.now() - started)
+        return failed.response
+
     def _rejected(
-        self, priority: int, code: RejectCode, retry_after_s: float, queue_name: str,
+        self, priority: int, code: RejectCode, retry_after_s: float,
         headers: dict[str, str], breaker: CircuitBreaker | None,
     ) -> web.Response:
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
         self.telemetry.rejections.labels(str(priority), code.value).inc()
         self.telemetry.outcome(priority, "rejected")
-        return reject_response(code, retry_after_s, queue_name, headers)
+        return reject_response(code, retry_after_s, self.policy.queue(priority).name, headers)
 
     async def _fallback(
         self, request: web.Request, parsed: ParsedRequest, feature: Feature | None, chat: bool,

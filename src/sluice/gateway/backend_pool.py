@@ -1,15 +1,26 @@
 """The backends as the gateway sees them: their URLs, the models they serve, whether they
 answer their health check, and their /metrics (scraped and handed to the controller).
 
-All network I/O for backend state lives here; decisions stay in the core."""
+All network I/O for backend state lives here; decisions stay in the core.
+
+Out of service means dead, not busy. A backend is taken out when its /health fails (a
+refused or reset connection, an error status), when a request's connection to it is
+refused or cut, or when its breaker opens on error answers (5xx). A backend that refuses
+requests because it is full (vLLM's 503, or its 200 with an SSE error event) is alive:
+the refusal is a drop signal for its limiter (the controller's job), nothing here. A
+/health check that times out counts only while the backend shows no other sign of life: an
+overloaded vLLM answers /health and /metrics late while it keeps answering requests. A
+failed /metrics scrape only leaves the controller without metrics (latency-only control)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import aiohttp
 import orjson
@@ -24,12 +35,23 @@ from sluice.gateway.backend_metrics import MetricsParser
 log = logging.getLogger("sluice.backends")
 
 HEALTH_INTERVAL_S = 1.0
+HEALTH_TIMEOUT_S = 2.0
 # Failures in a row before a backend is taken out of service.
 UNHEALTHY_AFTER = 2
+# A backend that answered anything this recently (a request, a refusal, a /metrics scrape)
+# is busy, not dead: a /health check that times out meanwhile does not count against it.
+ALIVE_WINDOW_S = 10.0
 MODELS_REFRESH_S = 30.0
 # A backend whose requests fail this often is taken out until it passes a health check.
-BACKEND_BREAKER = BreakerSettings(window_s=10.0, error_rate=0.5, min_requests=5,
-                                  open_for_s=2.0, probes=1)
+BACKEND_BREAKER = BreakerSettings(
+    window_s=10.0, error_rate=0.5, min_requests=5, open_for_s=2.0, probes=1
+)
+
+
+class Probe(Enum):
+    OK = "ok"
+    FAILED = "failed"  # refused, reset, or an error status: counts against the backend
+    SLOW = "slow"  # timed out: counts only if the backend shows no other sign of life
 
 
 @dataclass
@@ -39,6 +61,9 @@ class BackendHandle:
     healthy: bool = False
     failures: int = 0
     metrics_ok: bool = False
+    # Clock time of the backend's last HTTP answer of any kind, refusals included.
+    last_answer: float = -math.inf
+    slow_probes: int = 0  # /health checks in a row that timed out while it was answering
     parser: MetricsParser = field(default_factory=MetricsParser)
     breaker: CircuitBreaker = field(
         default_factory=lambda: CircuitBreaker("backend", MonotonicClock(), BACKEND_BREAKER)
@@ -51,8 +76,9 @@ class BackendHandle:
             log.log(level, "circuit breaker %s is now %s", name, state.value)
             on_breaker(name, state.value)
 
-        breaker = CircuitBreaker(f"backend:{spec.name}", MonotonicClock(), BACKEND_BREAKER,
-                                 on_change=changed)
+        breaker = CircuitBreaker(
+            f"backend:{spec.name}", MonotonicClock(), BACKEND_BREAKER, on_change=changed
+        )
         return cls(spec, breaker=breaker)
 
     @property
@@ -91,8 +117,7 @@ class BackendPool:
     def set_backends(self, backends: list[Backend]) -> None:
         old = self.backends
         self.backends = {
-            b.name: old.get(b.name) or BackendHandle.create(b, self._on_breaker)
-            for b in backends
+            b.name: old.get(b.name) or BackendHandle.create(b, self._on_breaker) for b in backends
         }
         for b in backends:
             self.backends[b.name].spec = b
@@ -149,7 +174,21 @@ class BackendPool:
             )
 
     async def _probe(self, h: BackendHandle, refresh_models: bool = False) -> None:
-        ok = await self._get_ok(f"{h.url}/health")
+        probe = await self._check_health(h)
+        if probe is Probe.SLOW:
+            if self.alive(h):
+                if h.slow_probes == 0:
+                    log.warning(
+                        "health check of backend %s timed out, but it answered within "
+                        "%.0f s: busy, kept in service",
+                        h.name,
+                        ALIVE_WINDOW_S,
+                    )
+                h.slow_probes += 1
+                return  # no evidence either way
+            probe = Probe.FAILED
+        h.slow_probes = 0
+        ok = probe is Probe.OK
         if ok and (not h.models or refresh_models) and not h.spec.models:
             models = await self._fetch_models(h)
             if models is not None:
@@ -160,12 +199,19 @@ class BackendPool:
                 ok = False  # serves nothing we can route to yet
         self.report(h, ok)
 
+    def alive(self, h: BackendHandle) -> bool:
+        """Whether the backend answered anything within ALIVE_WINDOW_S."""
+        return self._clock.now() - h.last_answer <= ALIVE_WINDOW_S
+
     def record(self, h: BackendHandle, outcome: Outcome, lost: bool) -> None:
         """Evidence from a finished request. A refused or cut connection, or a
         health check that fails twice takes the backend out of service at once; error
         answers (5xx) count in its breaker, which takes it out when they are too many (a
-        timeout is not counted: the client's deadline may simply be short). It comes back
-        by passing its health checks."""
+        timeout is not counted: the client's deadline may simply be short). A refusal
+        (overloaded) is no failure: the backend answered, it is alive. It comes back by
+        passing its health checks."""
+        if not lost and outcome is not Outcome.TIMEOUT:
+            h.last_answer = self._clock.now()
         if lost:
             h.breaker.record_failure()
             h.failures = UNHEALTHY_AFTER
@@ -207,13 +253,19 @@ class BackendPool:
         if h.failures >= UNHEALTHY_AFTER:
             self._mark(h, healthy=False)
 
-    async def _get_ok(self, url: str) -> bool:
+    async def _check_health(self, h: BackendHandle) -> Probe:
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+            async with self._session.get(
+                f"{h.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            ) as r:
                 await r.read()
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+                ok = r.status == 200
+        except TimeoutError:  # before aiohttp.ClientError: ServerTimeoutError is both
+            return Probe.SLOW
+        except (aiohttp.ClientError, OSError):
+            return Probe.FAILED  # refused, reset, cut
+        h.last_answer = self._clock.now()
+        return Probe.OK if ok else Probe.FAILED  # vLLM answers 503 when its engine died
 
     async def _fetch_models(self, h: BackendHandle) -> set[str] | None:
         try:
@@ -224,8 +276,15 @@ class BackendPool:
                     return None
                 body = orjson.loads(await r.read())
             return {m["id"] for m in body.get("data", []) if isinstance(m.get("id"), str)}
-        except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError,
-                AttributeError, KeyError, TypeError):
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            OSError,
+            orjson.JSONDecodeError,
+            AttributeError,
+            KeyError,
+            TypeError,
+        ):
             return None
 
     async def _scrape_loop(self) -> None:
@@ -245,11 +304,13 @@ class BackendPool:
             metrics = h.parser.parse(text, self._clock.now())
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             if h.metrics_ok:
-                log.warning("metrics of backend %s unavailable (%s): latency-only control",
-                            h.name, exc)
+                log.warning(
+                    "metrics of backend %s unavailable (%s): latency-only control", h.name, exc
+                )
             h.metrics_ok = False
             self._controller.metrics_stale(h.name)
             return
+        h.last_answer = self._clock.now()
         if not h.metrics_ok:
             log.info("metrics of backend %s available", h.name)
         h.metrics_ok = True

@@ -1,9 +1,9 @@
 """Bridges the core Controller's decisions to the request handlers that wait on them.
 
 A handler that got `Admission(queued=True)` awaits `wait(request_id)`; every event that may
-free a slot calls `pump()`, which asks the controller what may go now and what must be
-dropped, and wakes the matching handlers. A timer wakes the pump when the controller's next
-queue deadline falls due, so timeouts need no polling."""
+free a slot calls `pump()`, which runs one controller step (what may go now, what must be
+dropped, when to look again) and wakes the matching handlers. A timer wakes the pump when
+the time the step named comes, so timeouts need no polling."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ class DispatchBridge:
     async def wait(self, request_id: str) -> Assignment | Rejection:
         """Wait for the request's turn. If the waiting task is cancelled (its client hung
         up), the request leaves the queue at once."""
+        # Below the limit the request goes at once: no future, no suspension.
+        decision = self._pump(request_id)
+        if decision is not None:
+            return decision
         fut: asyncio.Future[Assignment | Rejection] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = fut
-        self.pump()
         try:
             return await fut
         except asyncio.CancelledError:
@@ -37,16 +40,26 @@ class DispatchBridge:
             raise
 
     def pump(self) -> None:
-        controller = self._controller
-        # dispatch() first: what falls due while it runs is reported by the expire() after
-        # it, in the same pass.
-        for assignment in controller.dispatch():
-            if not self._resolve(assignment.request_id, assignment):
+        self._pump(None)
+
+    def _pump(self, own: str | None) -> Assignment | Rejection | None:
+        """Act on one controller step; returns the decision about `own` (the caller's
+        request, which has no waiter yet) if the step made one."""
+        found: Assignment | Rejection | None = None
+        assignments, rejections, wake_at = self._controller.step()
+        for assignment in assignments:
+            if assignment.request_id == own:
+                found = assignment
+            elif not self._resolve(assignment.request_id, assignment):
                 # Its handler is gone: give the slot back.
-                controller.cancel(assignment.request_id)
-        for rejection in controller.expire():
-            self._resolve(rejection.request_id, rejection)
-        self._arm_timer()
+                self._controller.cancel(assignment.request_id)
+        for rejection in rejections:
+            if rejection.request_id == own:
+                found = rejection
+            else:
+                self._resolve(rejection.request_id, rejection)
+        self._arm_timer(wake_at)
+        return found
 
     def _resolve(self, request_id: str, decision: Assignment | Rejection) -> bool:
         fut = self._waiters.pop(request_id, None)
@@ -55,8 +68,7 @@ class DispatchBridge:
         fut.set_result(decision)
         return True
 
-    def _arm_timer(self) -> None:
-        wake_at = self._controller.next_wakeup()
+    def _arm_timer(self, wake_at: float | None) -> None:
         # Keep an armed timer that fires no later than needed: re-arming on every request
         # (each dispatch sets a first-token alarm) costs more than a wake-up for nothing.
         if wake_at is None or (self._timer_at is not None and self._timer_at <= wake_at):

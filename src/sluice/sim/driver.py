@@ -121,9 +121,9 @@ class EngineDriver:
             result = engine.step(start)
             self.steps += 1
             if result.duration > 0:
-                delay = result.end - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                # Behind schedule (a busy machine) the delay is <= 0: still yield, or the
+                # engine would starve the HTTP side of the process.
+                await asyncio.sleep(max(0.0, result.end - loop.time()))
                 prev_end = result.end
             self._deliver(result)
             if self._on_step is not None:

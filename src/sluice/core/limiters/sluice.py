@@ -40,24 +40,31 @@ Control:
     (slow start: the limit can follow the arrivals), then +min(1, growth / sqrt(limit)).
   * KV budget: when the backend reports num_gpu_blocks and block_size, in-flight
     estimated KV tokens may not exceed kv_budget_fraction of capacity (the dispatcher
-    checks it per request), and the limit is also capped at
-    budget / EWMA(footprint of dispatched requests), so it falls at once when prompts grow.
-  * Shared backends (several gateway replicas): when a fresh scrape shows requests on
-    the backend that are not ours (running + waiting > our in-flight count), the budget
-    becomes what we had in flight then (our own estimate) plus our share of the room the
-    scrape showed (budget - kv_usage * capacity; negative when over), within [0, budget].
-    Our share is our in-flight count over the backend's, at least kv_claim_floor (a
-    replica with nothing in flight must be able to start), so replicas that all see the
-    same free cache claim it once between them, not once each; an excess is taken back
-    the same way. Held until the next scrape: a request of ours that leaves frees its
-    room to us at once, another replica's only when a scrape shows it gone. Alone on
-    the backend (or without those metrics) the budget is the whole fraction, as before.
+    checks it per request), and the limit is also capped at budget / footprint, the
+    footprint being the larger of the EWMA of the requests dispatched here and, when the
+    controller provides it (`demand_footprint`), the EWMA of the requests being admitted
+    for this backend's models: the mix that comes next. So the limit falls as soon as
+    long prompts arrive, not once the short ones queued before them have been sent, and
+    rises back only once the long ones queued have been sent.
+  * Shared backends (several gateway replicas, each with its own limiters): on each
+    fresh scrape the others' requests (running + waiting beyond our in-flight count) are
+    counted at our mean footprint, and at least as the usage that is not ours; we claim
+    our share of the room left within the budget (our in-flight count over the
+    backend's, at least kv_claim_floor), so replicas that all see the same scrape claim
+    it once between them, and an excess is handed back the same way. The whole budget
+    is ours only after `alone_after_scrapes` scrapes in a row showed our requests there
+    and nobody else's; until then, and on an idle backend, the floor share (a scrape
+    shows the engine as of its last step: replicas that start sending at once into an
+    idle backend must not each take all of it). Held until the next scrape: a request
+    of ours that leaves frees its room to us at once, another replica's only when a
+    scrape shows it gone. Without those metrics the budget is the whole fraction.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 from sluice.core.ewma import Ewma
 from sluice.core.limiters.base import LimiterBase
@@ -95,6 +102,8 @@ class SluiceLimiter(LimiterBase):
         kv_budget_fraction: float = 0.8,
         footprint_alpha: float = 0.5,
         kv_claim_floor: float = 0.25,
+        alone_after_scrapes: int = 2,
+        demand_footprint: Callable[[], float | None] | None = None,
         seed: int | str = 0,
     ) -> None:
         if not 1 <= min_limit <= initial_limit <= max_limit:
@@ -132,6 +141,8 @@ class SluiceLimiter(LimiterBase):
         self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
         self._tpot = Ewma(tpot_alpha)
         self._footprint = Ewma(footprint_alpha)
+        # the footprint of the requests being admitted for this backend (forward-looking)
+        self._demand = demand_footprint
 
         self._limit = float(initial_limit)
         self._effective = initial_limit
@@ -145,6 +156,9 @@ class SluiceLimiter(LimiterBase):
         # and other replicas'.
         self.own_kv_tokens = 0.0
         self.kv_claim_floor = kv_claim_floor
+        self.alone_after_scrapes = alone_after_scrapes
+        self._alone_scrapes = 0  # fresh scrapes in a row that showed only ours there
+        self._share = kv_claim_floor  # of the room, as the last scrape set it
         self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
         self._hard = False  # the last scrape showed hard congestion
         self._preemptions_seen: float | None = None
@@ -212,6 +226,8 @@ class SluiceLimiter(LimiterBase):
             "tpot_ewma_s": self._tpot.value,
             "kv_capacity_tokens": self._kv_capacity,
             "kv_budget_tokens": self.kv_budget_tokens,
+            "footprint_dispatched": self._footprint.value,
+            "footprint_admitted": None if self._demand is None else self._demand(),
         }
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
@@ -228,6 +244,8 @@ class SluiceLimiter(LimiterBase):
 
     def on_release(self, inflight: int, now: float) -> None:
         self._inflight = inflight
+        if self._demand is not None and self._kv_capacity is not None:
+            self._recompute()  # the admitted mix may have changed since the last event
 
     def on_sample(self, sample: Sample, now: float) -> None:
         if sample.dropped:
@@ -301,22 +319,46 @@ class SluiceLimiter(LimiterBase):
         self._recompute()
 
     def _shared_budget(self, m: BackendMetrics) -> float | None:
-        """The KV budget while other replicas use the backend too; None when alone."""
+        """The KV budget while other replicas may use the backend too; None (the whole
+        budget) once scrapes have shown our requests alone there, or without metrics."""
         cap = self._kv_capacity
         if cap is None or m.kv_usage is None or m.running is None:
             return None
+        n = self._inflight
         on_backend = m.running + (m.waiting or 0.0)
-        if on_backend <= self._inflight:
-            return None  # every request there is ours
+        alone = n > 0 and on_backend <= n  # every request there is ours
+        self._alone_scrapes = self._alone_scrapes + 1 if alone else 0
+        if self._alone_scrapes >= self.alone_after_scrapes:
+            self._share = 1.0
+            return None
         full = cap * self.kv_budget_fraction
-        room = full - m.kv_usage * cap
-        share = max(self.kv_claim_floor, self._inflight / on_backend)
-        return min(full, max(0.0, self.own_kv_tokens + share * room))
+        own = self.own_kv_tokens
+        # The others' requests in footprints, as ours are counted (what they will hold
+        # by their end, waiting ones included): by count at our mean footprint, and at
+        # least the usage that is not ours.
+        per_request = own / n if n else (self._footprint.value or 0.0)
+        others = max(0.0, (on_backend - n) * per_request, m.kv_usage * cap - own)
+        room = full - own - others
+        # Our share of the room: our part of the requests there. An idle backend tells
+        # nothing about who else starts sending now: the floor share. A scrape that
+        # shows only ours, but not yet `alone_after_scrapes` times in a row, keeps the
+        # share we had (the others' requests may not show yet: a scrape shows the engine
+        # as of its last step), so replicas starting together on an idle backend stay
+        # at the floor until they see each other.
+        if n == 0:
+            share = self.kv_claim_floor
+        elif alone:
+            share = self._share
+        else:
+            share = max(self.kv_claim_floor, n / on_backend)
+        self._share = share
+        return min(full, max(0.0, own + share * room))
 
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
         self._kv_usage = None
         self._kv_scrape_budget = None
+        self._alone_scrapes = 0
         self._hard = False
         self._preemptions_seen = None
 
@@ -353,6 +395,10 @@ class SluiceLimiter(LimiterBase):
         eff = math.floor(self._limit)
         budget = self.kv_budget_tokens
         fp = self._footprint.value
+        if self._demand is not None:
+            ahead = self._demand()
+            if ahead is not None and (fp is None or ahead > fp):
+                fp = ahead
         if budget is not None and fp:
             eff = min(eff, math.floor(budget / fp))
         self._effective = max(self.min_limit, eff)
