@@ -143,8 +143,7 @@ def _run_with_progress(
         def announce(url: str) -> None:
             console.print(f"Gateway up: watch it live at [bold]{url}/dashboard[/bold]")
 
-        return run_real(scenario, arms, seed=args.seed, progress=progress,
-                        on_gateway=announce)
+        return run_real(scenario, arms, seed=args.seed, progress=progress, on_gateway=announce)
 
 
 def _print_summary(console: Any, results: dict[str, Any], wall: float) -> None:
@@ -163,9 +162,20 @@ def _print_summary(console: Any, results: dict[str, Any], wall: float) -> None:
     if results["mode"] == "real":
         busy = cpu.get("busy_fraction_max")
         if cpu.get("saturated"):
+            arms = results["arms"]
+            which = [a for a, r in arms.items() if (r.get("cpu") or {}).get("saturated")]
+            other = max(
+                (
+                    (r.get("cpu") or {}).get("cores_used_mean", {}).get("other", 0.0)
+                    for r in arms.values()
+                ),
+                default=0.0,
+            )
             console.print(
-                f"[bold red]WARNING: the CPU saturated (busy {busy:.0%} max): these figures "
-                "do not count.[/bold red]"
+                f"[bold red]WARNING: the CPU saturated (busy {busy:.0%} max"
+                + (f", during {', '.join(which)}" if which else "")
+                + f"; other work on the machine used up to {other:.2f} cores): these "
+                "figures do not count.[/bold red]"
             )
         elif busy is not None:
             console.print(f"CPU busy (max of the samples): {busy:.0%}")

@@ -10,8 +10,10 @@ client behaves as in virtual time: deadline (X-Request-Timeout, then it disconne
 cancel after N tokens (it disconnects), retries after 429 at Retry-After (retry-after-ms)
 with or without jitter, back-off after a failed connection.
 
-The machine's CPU busy fraction is sampled from /proc/stat every second during the load;
-a run where it reached 90 % is flagged as saturated (its figures do not count)."""
+The machine's CPU busy fraction is sampled from /proc/stat every second during each arm's
+load (not the processes' start-up); a run where it reached 90 % is flagged as saturated
+(its figures do not count). Each arm also records the CPU its simulators, gateway and load
+generator used, what other work used meanwhile, and how late arrivals were sent."""
 
 from __future__ import annotations
 
@@ -76,6 +78,20 @@ _PROFILE_FLAGS = {
 # -- CPU --------------------------------------------------------------------------------
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, with reaped children) a live process has used so far."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is the state (field 3): utime..cstime are fields 14-17
+    return sum(int(v) for v in fields[11:15]) / _TICK
+
+
 def _cpu_times() -> tuple[int, int]:
     with open("/proc/stat", encoding="ascii") as f:
         values = [int(v) for v in f.readline().split()[1:]]
@@ -88,7 +104,13 @@ class CpuSampler:
 
     def __init__(self) -> None:
         self.samples: list[float] = []
-        self._last = _cpu_times()
+        self._last = self._first = _cpu_times()
+
+    def busy_s(self) -> float:
+        """CPU seconds the whole machine (every process, all cores) spent since creation."""
+        total, idle = _cpu_times()
+        t0, i0 = self._first
+        return ((total - idle) - (t0 - i0)) / _TICK
 
     def sample(self) -> None:
         total, idle = _cpu_times()
@@ -98,15 +120,19 @@ class CpuSampler:
         self._last = (total, idle)
 
     def summary(self) -> dict[str, Any]:
-        busy = max(self.samples) if self.samples else None
-        mean = sum(self.samples) / len(self.samples) if self.samples else None
-        return {
-            "busy_fraction_max": None if busy is None else round(busy, 3),
-            "busy_fraction_mean": None if mean is None else round(mean, 3),
-            "cores": os.cpu_count(),
-            "samples": len(self.samples),
-            "saturated": busy is not None and busy >= SATURATED_AT,
-        }
+        return cpu_summary(self.samples)
+
+
+def cpu_summary(samples: list[float]) -> dict[str, Any]:
+    busy = max(samples) if samples else None
+    mean = sum(samples) / len(samples) if samples else None
+    return {
+        "busy_fraction_max": None if busy is None else round(busy, 3),
+        "busy_fraction_mean": None if mean is None else round(mean, 3),
+        "cores": os.cpu_count(),
+        "samples": len(samples),
+        "saturated": busy is not None and busy >= SATURATED_AT,
+    }
 
 
 # -- processes --------------------------------------------------------------------------
@@ -282,7 +308,7 @@ class _ArmRunner:
         model: str,
         seed: int,
         drain: float,
-        cpu: CpuSampler,
+        pids: dict[str, list[int]],
         progress: Progress | None,
     ) -> None:
         self.scenario = scenario
@@ -293,11 +319,16 @@ class _ArmRunner:
         self.model = model
         self.seed = seed
         self.drain = drain
-        self.cpu = cpu
+        self.pids = pids
+        self.cpu = CpuSampler()
+        self.cpu_use: dict[str, Any] = {}
+        self.late: list[float] = []  # how late the load generator sent each arrival
         self.progress = progress
         self.n = len(sims)
         self.rr = 0
         self.t0 = 0.0
+        self.horizon = scenario.duration + drain
+        self.settled = 0  # requests whose outcome is known
         self.rejections: dict[str, dict[str, int]] = {c: {} for c in CLASSES}
         self.rejected_total: dict[str, int] = {}
         self.first_rejection_at: dict[str, float | None] = dict.fromkeys(CLASSES)
@@ -316,6 +347,9 @@ class _ArmRunner:
         self.preempt_last = [0.0] * self.n
         self.preemption_times: list[float] = []
         self.gen_total = [0.0] * self.n
+        # engine counters, at the start and as last scraped (see `recomputed_tokens`)
+        self.counters0: list[dict[str, float]] = [{} for _ in sims]
+        self.counters: list[dict[str, float]] = [{} for _ in sims]
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -326,6 +360,9 @@ class _ArmRunner:
             self.session = session
             # baseline counters (fresh simulators, but be exact)
             await self._scrape_sims(record=False)
+            self.cpu = CpuSampler()  # the load only: not the processes' start-up
+            proc0 = self._process_cpu()
+            bench0 = time.process_time()
             self.t0 = time.monotonic() + LEAD_S
             loop = asyncio.get_running_loop()
             tasks: list[asyncio.Task[None]] = []
@@ -338,14 +375,14 @@ class _ArmRunner:
             ]
             monitor = asyncio.create_task(self._monitor())
             duration = self.scenario.duration
-            horizon = duration + self.drain
+            horizon = self.horizon
             try:
                 while True:
                     await asyncio.sleep(0.25)
                     t = self.now()
                     if self.progress is not None:
                         self.progress(f"real: {self.arm.name}", min(1.0, t / horizon))
-                    if t >= duration and all(r.end_at is not None for r in self.reqs):
+                    if t >= duration and self.settled == len(self.reqs):
                         break
                     if t >= horizon:
                         break
@@ -358,12 +395,55 @@ class _ArmRunner:
                 monitor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
+            self.cpu_use = self._cpu_use(proc0, bench0)
             await self._scrape_sims(record=True)
             return self.now()
+
+    def recomputed_tokens(self) -> int | None:
+        """Tokens the engines computed again after preemptions, from their counters:
+        every token an engine step scheduled (`vllm:iteration_tokens_total`'s sum) is a
+        prompt token prefilled once (`vllm:prompt_tokens`), a decode step (each generated
+        token but a request's first, which its prefill yields: `generation_tokens` minus
+        the TTFT histogram's count), or computed again. Like virtual time's figure, an
+        upper bound: the prefill of a request aborted before its first token counts too.
+        None when an engine does not export these counters."""
+        total = 0.0
+        for now, then in zip(self.counters, self.counters0, strict=True):
+            if not now or not then:
+                return None
+            d = {k: now[k] - then[k] for k in now}
+            total += d["iteration"] - d["prompt"] - (d["generation"] - d["first_tokens"])
+        return max(0, round(total))
+
+    def _process_cpu(self) -> dict[str, float]:
+        return {
+            name: sum(process_cpu_s(pid) or 0.0 for pid in pids) for name, pids in self.pids.items()
+        }
+
+    def _cpu_use(self, proc0: dict[str, float], bench0: float) -> dict[str, Any]:
+        """The machine's busy fraction during the load, and the CPU seconds each part of
+        the bench spent on it (the load generator is one of them)."""
+        wall = max(1e-9, self.now() + LEAD_S)
+        used = {k: v - proc0[k] for k, v in self._process_cpu().items()}
+        used["bench"] = time.process_time() - bench0
+        # what else ran on the machine meanwhile (other work makes a run saturate too)
+        used["other"] = max(0.0, self.cpu.busy_s() - sum(used.values()))
+        late = sorted(self.late)
+        return {
+            **self.cpu.summary(),
+            "busy_samples": self.cpu.samples,
+            "wall_s": round(wall, 2),
+            "cpu_s": {k: round(v, 2) for k, v in used.items()},
+            "cores_used_mean": {k: round(v / wall, 3) for k, v in used.items()},
+            "arrival_late_p50_s": _r(late[len(late) // 2] if late else None),
+            "arrival_late_p99_s": _r(late[int(0.99 * (len(late) - 1))] if late else None),
+            "arrival_late_max_s": _r(late[-1] if late else None),
+        }
 
     # -- the client -------------------------------------------------------------------
 
     async def _client(self, r: ReqState) -> None:
+        self.late.append(self.now() - r.spec.arrival)
         try:
             while True:
                 outcome, retry_after = await self._attempt(r)
@@ -375,6 +455,12 @@ class _ArmRunner:
                     r.tokens = 0
                     r.first_token_at = r.last_token_at = None
                     r.state = WAITING_RETRY
+                    if self.now() + delay >= self.horizon:
+                        # Told to come back after the end of the run: the last answer
+                        # stands (as in virtual time), and the run need not wait for it.
+                        r.outcome = outcome
+                        self.settled += 1
+                        return
                     await asyncio.sleep(delay)
                     r.state = 0
                     continue
@@ -390,6 +476,7 @@ class _ArmRunner:
     def _finish(self, r: ReqState, outcome: str) -> None:
         r.outcome = outcome
         r.end_at = self.now()
+        self.settled += 1
 
     def _reject(self, r: ReqState, code: str) -> None:
         cls = r.spec.class_name
@@ -499,6 +586,15 @@ class _ArmRunner:
             gen = _first(m, "vllm:generation_tokens_total")
             if gen is not None:
                 self.gen_total[i] = gen
+            counters: dict[str, float] = {}
+            for key, name in _ENGINE_COUNTERS.items():
+                value = _first(m, name)
+                if value is not None:
+                    counters[key] = value
+            if len(counters) == len(_ENGINE_COUNTERS):
+                self.counters[i] = counters
+                if not record:
+                    self.counters0[i] = dict(counters)
         return parsed
 
     async def _sample(self) -> None:
@@ -536,6 +632,18 @@ class _ArmRunner:
                 col.append(self.rejected_total.get(code, 0))
 
 
+_ENGINE_COUNTERS = {
+    "iteration": "vllm:iteration_tokens_total_sum",
+    "prompt": "vllm:prompt_tokens_total",
+    "generation": "vllm:generation_tokens_total",
+    "first_tokens": "vllm:time_to_first_token_seconds_count",
+}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
 def _error_code(payload: bytes) -> str | None:
     try:
         doc = orjson.loads(payload)
@@ -570,10 +678,11 @@ def _run_one_arm(
     arm: ArmSpec,
     workload: list[Any],
     seed: int,
-    cpu: CpuSampler,
     progress: Progress | None,
     on_gateway: Callable[[str], None] | None = None,
-) -> ArmRun:
+) -> tuple[ArmRun, dict[str, Any]]:
+    """One arm on fresh processes: its run, and `cpu` (`_ArmRunner._cpu_use`) and
+    `recomputed_measured` (the engines export the counters `recomputed_tokens` needs)."""
     import uvloop
 
     started = time.perf_counter()
@@ -609,8 +718,11 @@ def _run_one_arm(
                 on_gateway(gateway_url)
         reqs = [ReqState(spec) for spec in workload]
         drain = scenario.spec.drain  # already shrunk by for_real_mode
+        pids = {"sims": [p.popen.pid for p in sims]}
+        if gateway is not None:
+            pids["gateway"] = [gateway.popen.pid]
         runner = _ArmRunner(
-            scenario, arm, reqs, urls, gateway_url, model, seed, drain, cpu, progress
+            scenario, arm, reqs, urls, gateway_url, model, seed, drain, pids, progress
         )
         ended = uvloop.run(runner.run())
     finally:
@@ -621,7 +733,8 @@ def _run_one_arm(
         if tmp is not None:
             tmp.unlink(missing_ok=True)
     generated = sum(runner.gen_total)
-    return ArmRun(
+    recomputed = runner.recomputed_tokens()
+    run = ArmRun(
         arm=arm.name,
         scenario=scenario.name,
         requests=reqs,
@@ -629,7 +742,7 @@ def _run_one_arm(
         duration=scenario.duration,
         ended_at=ended,
         preemption_times=runner.preemption_times,
-        preempted_tokens=0,  # not observable from outside the engine
+        preempted_tokens=recomputed or 0,
         wasted_after_gone=max(0, int(generated - runner.received)),
         retry_after_retries=sum(r.ra_attempts for r in reqs),
         retry_after_admitted=sum(r.admitted_after_ra for r in reqs),
@@ -640,6 +753,7 @@ def _run_one_arm(
         wall_s=time.perf_counter() - started,
         events=0,
     )
+    return run, {"cpu": runner.cpu_use, "recomputed_measured": recomputed is not None}
 
 
 def run_real(
@@ -669,15 +783,19 @@ def run_real(
             f"{limit:g}); shrink the scenario's `real` section"
         )
     workload = generate(small, rates, seed=seed, max_model_len=profile.max_model_len)
-    cpu = CpuSampler()
+    samples: list[float] = []
     results: dict[str, Any] = {}
     for name in arms:
         spec = arm_spec(name, small, max_limit=profile.max_num_seqs, static_cap=caps[0].sweet_spot)
-        run = _run_one_arm(small, spec, workload, seed, cpu, progress, on_gateway)
+        run, extra = _run_one_arm(small, spec, workload, seed, progress, on_gateway)
+        cpu = extra["cpu"]
+        samples += cpu.pop("busy_samples")
         res = arm_results(run, small)
+        res["cpu"] = cpu
         res["series"] = _series(run)
         res["limit_reaction"] = None  # measured in virtual time only
-        res["wasted_breakdown"]["recomputed_after_preemption"] = None
+        if not extra["recomputed_measured"]:
+            res["wasted_breakdown"]["recomputed_after_preemption"] = None
         if name == "static":
             res["cap"] = caps[0].sweet_spot
         results[name] = res
@@ -686,7 +804,7 @@ def run_real(
         "description": scenario.spec.description,
         "mode": "real",
         "seed": seed,
-        "cpu": cpu.summary(),
+        "cpu": cpu_summary(samples),  # over every arm's load
         "plan": {
             "backends": n,
             "profile": f"{profile.name} x{small.spec.backends.speed:g} speed",

@@ -63,6 +63,44 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def cpu_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Real mode: per arm, the machine's busy fraction, who used the CPU (this bench's
+    simulators, gateway and load generator, and other work), and how late the load
+    generator sent its arrivals."""
+    head = [
+        "arm",
+        "busy max",
+        "busy mean",
+        "sims",
+        "gateway",
+        "load generator",
+        "other work",
+        "arrivals late p99 ms",
+        "saturated",
+    ]
+    rows = []
+    for name, a in results["arms"].items():
+        cpu = a.get("cpu")
+        if not cpu:
+            continue
+        cores = cpu.get("cores_used_mean", {})
+        late = cpu.get("arrival_late_p99_s")
+        rows.append(
+            [
+                name,
+                _fmt(cpu.get("busy_fraction_max"), pct=True),
+                _fmt(cpu.get("busy_fraction_mean"), pct=True),
+                _fmt(cores.get("sims")),
+                _fmt(cores.get("gateway")),
+                _fmt(cores.get("bench")),
+                _fmt(cores.get("other")),
+                "-" if late is None else f"{1000 * late:.0f}",
+                "yes" if cpu.get("saturated") else "no",
+            ]
+        )
+    return head, rows
+
+
 def class_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     head = [
         "arm",
@@ -253,6 +291,14 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
         ]
     head, rows = summary_rows(results)
     lines += ["## Summary", "", _md_table(head, rows), ""]
+    head, rows = cpu_rows(results)
+    if rows:
+        lines += [
+            "## CPU during each arm's load (cores: CPU seconds per second of wall time)",
+            "",
+            _md_table(head, rows),
+            "",
+        ]
     head, rows = class_rows(results)
     lines += ["## Per class", "", _md_table(head, rows), ""]
     phase_rows = []
