@@ -193,9 +193,8 @@ def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
     assert c.snapshot()["algorithm"] == "sluice"
 
 
-def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> None:
-    """Its first token is not visible (the answer comes whole at the end): however long it
-    takes, it arms no first-token alarm and cuts nothing."""
+def sluice_controller() -> tuple[Controller, FakeClock]:
+    """One backend under the sluice limiter starting at 10, no probe jitter."""
     clock = FakeClock()
     c = Controller(
         policy(algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}),
@@ -203,6 +202,13 @@ def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> No
         ["b0"],
         limiter_kwargs={"sluice": {"probe_jitter": 0.0}},
     )
+    return c, clock
+
+
+def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> None:
+    """Its first token is not visible (the answer comes whole at the end): however long it
+    takes, it arms no first-token alarm and cuts nothing."""
+    c, clock = sluice_controller()
     c.arrive(req("r0", prompt=436))
     c.dispatch()
     clock.set(0.05)
@@ -223,13 +229,7 @@ def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> No
 
 
 def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
-    clock = FakeClock()
-    c = Controller(
-        policy(algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}),
-        clock,
-        ["b0"],
-        limiter_kwargs={"sluice": {"probe_jitter": 0.0}},
-    )
+    c, clock = sluice_controller()
     for i in range(12):
         c.arrive(req(f"r{i}", prompt=436))
     assert len(c.dispatch()) == 10
