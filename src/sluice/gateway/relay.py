@@ -68,8 +68,7 @@ class Relay:
         timeout = ctx.default_timeout
         if ctx.deadline is not None:
             timeout = min(timeout, ctx.deadline - time.monotonic())
-        # only a stream's relay changes it: an answer relayed whole shares one that stays
-        state = _StreamState() if ctx.stream else _WHOLE_ANSWER
+        state = _StreamState()
         url = ctx.backend.url + ctx.path
         deadline = _Deadline(max(0.001, timeout))
         try:
@@ -242,9 +241,6 @@ class _StreamState:
     client_gone: bool = False
 
 
-_WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
-
-
 def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
     message = f"The backend is overloaded ({detail}); retry shortly."
     headers = {**ctx.headers, **retry_after_headers(1.0)}
@@ -292,8 +288,7 @@ def _usage_of(data: bytes) -> tuple[int | None, int | None]:
 
 
 def _count(value: object) -> int | None:
-    # exactly int: not a bool (orjson makes no other int subclass)
-    return value if type(value) is int else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
