@@ -9,26 +9,10 @@ if command -v redis-server >/dev/null 2>&1; then
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        SUDO="sudo -n"
-    else
-        echo "ensure_redis: redis-server is missing and installing it needs root;" \
-             "run: apt-get install redis-server (the Redis quota tests will be skipped)" >&2
-        exit 0
-    fi
-else
-    SUDO=""
-fi
-
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "ensure_redis: redis-server is missing and this is not a Debian-like system;" \
-         "install Redis by hand (the Redis quota tests will be skipped)" >&2
-    exit 0
-fi
+. "$(dirname "$0")/apt_prepare.sh"
+apt_prepare ensure_redis redis-server "the Redis quota tests"
 
 echo "ensure_redis: installing Debian's redis-server package (once)..." >&2
-export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # policy-rc.d 101: the package must not start a system-wide server on port 6379; the
 # tests start their own on a free port.

@@ -48,6 +48,16 @@ def _wait_gone(pids: list[int], within: float) -> None:
         time.sleep(0.02)
 
 
+def _post_alone(gw: GatewayProcess) -> httpx.Response:
+    """One completion on a connection of its own: the kernel picks a worker for each."""
+    return httpx.post(
+        gw.url + "/v1/completions",
+        json=BODY,
+        headers={**AUTH, "Connection": "close"},
+        timeout=10,
+    )
+
+
 def _scrape(gw: GatewayProcess) -> dict[str, float]:
     # a new connection each time, so the kernel may pick either worker
     return parse_metrics(httpx.get(gw.url + "/metrics", headers={"Connection": "close"}).text)
@@ -68,12 +78,7 @@ def test_workers_share_the_port_and_their_metrics_add_up(sim_factory: SimFactory
         served_by: set[int] = set()
         n = 40
         for _ in range(n):  # one connection per request: the kernel spreads them
-            r = httpx.post(
-                gw.url + "/v1/completions",
-                json=BODY,
-                headers={**AUTH, "Connection": "close"},
-                timeout=10,
-            )
+            r = _post_alone(gw)
             assert r.status_code == 200
             served_by.add(int(r.headers["X-Request-Id"].split("-")[0], 16))
         assert served_by == set(pids)  # both workers served
@@ -109,12 +114,7 @@ def test_with_no_backend_the_master_runs_the_simulated_backends_for_all(
         urls = re.findall(r"http://127\.0\.0\.1:\d+", line)
         assert len(urls) == 2
         for _ in range(10):
-            r = httpx.post(
-                gw.url + "/v1/completions",
-                json=BODY,
-                headers={**AUTH, "Connection": "close"},
-                timeout=10,
-            )
+            r = _post_alone(gw)
             assert r.status_code == 200
         # one set of simulators, in the master, served every worker
         total = sum(
