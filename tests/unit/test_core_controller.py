@@ -73,8 +73,9 @@ def test_samples_at_first_token_and_at_the_end() -> None:
     (first, t1), (end, t2) = rec.samples
     assert t1 == 1.2 and t2 == 3.2
     # "a" was sent first and had no first token yet: its prompt is prefill ahead of "b"
+    assert first.ttft_s == pytest.approx(0.2)
     assert first == Sample(
-        ttft_s=pytest.approx(0.2),
+        ttft_s=first.ttft_s,
         prompt_tokens=244,
         inflight=2,
         sent_at=1.0,

@@ -25,6 +25,7 @@ from loadgen import (
     stream_request,
     token_prompt,
 )
+from machine_stalls import MachineStalls
 from recording_proxy import RecordingProxy
 from vllm_server import VllmServer
 
@@ -150,7 +151,12 @@ limiter: {algorithm: fixed, fixedLimit: 64}
 # they carry a deadline (X-Request-Timeout), so that the gateway answers each of them
 # itself (504 at its upstream deadline); a client straight on vLLM gives up.
 DEADLINE_S = 4
-GIVE_UP_S = 8.0
+DIRECT_GIVE_UP_S = 8.0
+# The clients' own limit only guards against a hang: far above the gateway's deadline,
+# because this VM stops running every process but vLLM's for up to ~10 s at a time under
+# this load, after which the client's timer and the gateway's, both overdue, race
+# (tests/vllm/machine_stalls.py).
+GIVE_UP_S = 30.0
 # The gateway's overload refusals: vLLM refused (after one more try), or the gateway's own
 # queue held a request until its deadline (vLLM's scraped KV usage and queue say "full").
 # Never `503 no_backend`: a vLLM that refuses is overloaded, not gone, and stays in service
@@ -170,12 +176,16 @@ def _short_streams(model: str, rng: random.Random, n: int) -> list[dict[str, Any
 
 
 async def _burst(
-    s: aiohttp.ClientSession, url: str, bodies: list[dict[str, Any]], headers: dict[str, str]
+    s: aiohttp.ClientSession,
+    url: str,
+    bodies: list[dict[str, Any]],
+    headers: dict[str, str],
+    give_up_s: float = GIVE_UP_S,
 ) -> list[Result]:
     paths = ["/v1/chat/completions" if "messages" in b else "/v1/completions" for b in bodies]
     return await asyncio.gather(
         *(
-            stream_request(s, url + path, body, headers, time_limit=GIVE_UP_S)
+            stream_request(s, url + path, body, headers, time_limit=give_up_s)
             for path, body in zip(paths, bodies, strict=True)
         )
     )
@@ -197,43 +207,46 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
     rng = random.Random(3)
     key = {"Authorization": "Bearer sk-demo-p0", "X-Request-Timeout": str(DEADLINE_S)}
     whole = completion_body(vllm.model, token_prompt(rng, 16), 4, stream=False)
-    async with (
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
-        RecordingProxy(vllm.url) as proxy,
-    ):
-        # in a thread: the proxy on this loop must answer the gateway's start-up checks
-        gw = await asyncio.to_thread(start_gateway, [proxy.url], FIXED_POLICY)
-        held: list[aiohttp.ClientResponse] = []
-        await _hold(s, vllm, held, MAX_NUM_QUEUED_REQS, rng)
-        try:
-            # 1. vLLM full: its early check answers 503 and a JSON error at once...
-            async with s.post(vllm.url + "/v1/completions", json=whole) as r:
-                direct_503 = (r.status, await r.read())
-            # ...which the gateway answers as overload, for a whole answer and a stream.
-            async with s.post(gw.url + "/v1/completions", json=whole, headers=key) as r:
-                single = (r.status, dict(r.headers), await r.read())
-            stream = (await _burst(s, gw.url, _short_streams(vllm.model, rng, 1), key))[0]
+    with MachineStalls(min_s=0.5) as stalls:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+            RecordingProxy(vllm.url) as proxy,
+        ):
+            # in a thread: the proxy on this loop must answer the gateway's start-up checks
+            gw = await asyncio.to_thread(start_gateway, [proxy.url], FIXED_POLICY)
+            held: list[aiohttp.ClientResponse] = []
+            await _hold(s, vllm, held, MAX_NUM_QUEUED_REQS, rng)
+            try:
+                # 1. vLLM full: its early check answers 503 and a JSON error at once...
+                async with s.post(vllm.url + "/v1/completions", json=whole) as r:
+                    direct_503 = (r.status, await r.read())
+                # ...which the gateway answers as overload, for a whole answer and a stream.
+                async with s.post(gw.url + "/v1/completions", json=whole, headers=key) as r:
+                    single = (r.status, dict(r.headers), await r.read())
+                stream = (await _burst(s, gw.url, _short_streams(vllm.model, rng, 1), key))[0]
 
-            # 2. Four free places and a burst of 24 streams: they pass vLLM's early check
-            # together, and those beyond the four are refused after the 200 went out.
-            await _release(s, vllm, held, 4, rng)
-            direct = await _burst(s, vllm.url, _short_streams(vllm.model, rng, 24), {})
+                # 2. Four free places and a burst of 24 streams: they pass vLLM's early check
+                # together, and those beyond the four are refused after the 200 went out.
+                await _release(s, vllm, held, 4, rng)
+                direct = await _burst(
+                    s, vllm.url, _short_streams(vllm.model, rng, 24), {}, DIRECT_GIVE_UP_S
+                )
 
-            # 3. The same burst through the gateway (which tries each refused one once more).
-            # The late refusal is a race inside vLLM: up to 3 rounds until one reached the
-            # gateway; every answer of every round is checked below.
-            proxy.answers.clear()
-            via: list[Result] = []
-            for _ in range(3):
-                await _hold(s, vllm, held, MAX_NUM_QUEUED_REQS - 4, rng)
-                via += await _burst(s, gw.url, _short_streams(vllm.model, rng, 24), key)
-                if any(a.sse_error for a in proxy.answers):
-                    break
-            gw_metrics = await asyncio.to_thread(gw.metrics)
-        finally:
-            for r in held:
-                r.close()
-            await asyncio.to_thread(gw.stop)
+                # 3. The same burst through the gateway (which tries each refused one once more).
+                # The late refusal is a race inside vLLM: up to 3 rounds until one reached the
+                # gateway; every answer of every round is checked below.
+                proxy.answers.clear()
+                via: list[Result] = []
+                for _ in range(3):
+                    await _hold(s, vllm, held, MAX_NUM_QUEUED_REQS - 4, rng)
+                    via += await _burst(s, gw.url, _short_streams(vllm.model, rng, 24), key)
+                    if any(a.sse_error for a in proxy.answers):
+                        break
+                gw_metrics = await asyncio.to_thread(gw.metrics)
+            finally:
+                for r in held:
+                    r.close()
+                await asyncio.to_thread(gw.stop)
 
     upstream = Counter("200+error event" if a.sse_error else str(a.status) for a in proxy.answers)
     event = next((r.first_bytes for r in direct if _kind(r) == "200+error event"), b"")
@@ -242,7 +255,7 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
         f"\ndirect burst into 4 free places: {dict(Counter(map(_kind, direct)))}; "
         f"first error event: {event!r}"
         f"\nthrough Sluice: vLLM answered {dict(upstream)}; "
-        f"the clients got {dict(Counter(map(_kind, via)))}"
+        f"the clients got {dict(Counter(map(_kind, via)))}\n{stalls.summary()}"
     )
     assert direct_503[0] == 503 and orjson.loads(direct_503[1])["error"]["code"] == 503
     assert event.startswith(b'data: {"error"'), "vLLM did not answer 200 + an error event"
@@ -259,7 +272,8 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
     kinds = Counter(map(_kind, via))
     assert kinds["200+error event"] == 0
     allowed = {"ok", "504 upstream_timeout"} | {f"{st} {code}" for st, code in OVERLOAD_ANSWERS}
-    assert set(kinds) <= allowed, kinds
+    access = [line for line in gw.output if "sluice.access" in line]
+    assert set(kinds) <= allowed, (kinds, stalls.summary(), "\n".join(access[-30:]))
     for r in via:
         if r.status in (429, 503):
             assert int(r.headers["Retry-After"]) >= 1

@@ -156,9 +156,9 @@ class ClassQueue:
             if deadline > limit:
                 break
             heapq.heappop(heap)
-            rec = self.remove(rid)
-            if rec is not None:
-                due.append(rec)
+            gone = self.remove(rid)
+            if gone is not None:
+                due.append(gone)
         return due
 
     def next_due(self, slack: float) -> float | None:

@@ -59,8 +59,9 @@ def refusal_excess(
 ) -> float:
     """How many requests the queue must lose before a newcomer refused for `code` would be
     accepted (at least 1)."""
+    excess: float
     if code is RejectCode.QUEUE_FULL:
-        excess = queued - max_queue_size + 1
+        excess = float(queued - max_queue_size + 1)
     elif code is RejectCode.FAST_REJECT:
         # pressure = 0.5 * use + 0.5 * backlog: with every slot in use it falls below the
         # threshold once the backlog is under (2 * threshold - 1) of the limits
@@ -69,7 +70,7 @@ def refusal_excess(
         # accepted again once what is ahead drains within its patience
         excess = queued - max(0.0, patience_s) * class_rate
     else:
-        excess = queued
+        excess = float(queued)
     return max(1.0, excess)
 
 

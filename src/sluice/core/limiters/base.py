@@ -15,12 +15,11 @@ this one that had no first token yet (the prefill work it queued behind).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from sluice.core.types import BackendMetrics, Sample
 
 
-@runtime_checkable
 class Limiter(Protocol):
     @property
     def limit(self) -> int:

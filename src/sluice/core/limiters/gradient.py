@@ -80,6 +80,7 @@ class GradientLimiter(LimiterBase):
         return math.floor(self.estimated_limit)
 
     def on_sample(self, sample: Sample, now: float) -> None:
+        rtt: float | None
         if self.rtt_kind == "ttft":
             if sample.e2e_s is not None or sample.ttft_s is None or sample.extra.get("pending"):
                 return
