@@ -60,10 +60,10 @@ def recorded(limit: int = 4) -> tuple[Controller, FakeClock, dict[str, Recorder]
 
 def test_samples_at_first_token_and_at_the_end() -> None:
     c, clock, recs = recorded()
-    c.arrive(req("a"))
-    c.arrive(req("b"))
     clock.set(1.0)
-    assert [x.queued_s for x in c.dispatch()] == [1.0, 1.0]
+    c.arrive(req("a"))  # the queues are empty and b0 has room: both go on arrival,
+    c.arrive(req("b"))  # and the next pass reports them
+    assert [(x.request_id, x.queued_s) for x in c.dispatch()] == [("a", 0.0), ("b", 0.0)]
     clock.set(1.2)
     c.on_first_token("b")
     c.on_first_token("b")  # a repeat is ignored
@@ -104,7 +104,7 @@ def test_errors_are_drops_and_cancellations_give_no_sample() -> None:
 
 
 def test_unknown_and_repeated_calls_are_no_ops() -> None:
-    c, _clock, _ = recorded()
+    c, _clock, _ = recorded(limit=1)
     c.cancel("nope")
     c.on_first_token("nope")
     c.on_finish("nope", Outcome.OK)
@@ -112,9 +112,12 @@ def test_unknown_and_repeated_calls_are_no_ops() -> None:
     c.metrics_stale("no-such-backend")
     c.set_backend_health("no-such-backend", False)
     c.set_backend_models("no-such-backend", ["x"])
+    c.arrive(req("busy"))  # takes b0's only slot on arrival
     c.arrive(req("a"))
     c.on_finish("a", Outcome.OK)  # still queued: not finished
+    c.on_first_token("a")  # nor started
     assert c.state_of("a") is RequestState.QUEUED
+    assert c.snapshot()["classes"]["P0"]["queued"] == 1
     with pytest.raises(ValueError):
         c.arrive(req("a"))
     with pytest.raises(ValueError):

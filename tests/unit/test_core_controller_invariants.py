@@ -137,8 +137,10 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
         return CheckedLimiter(make_limiter(lp, initial_limit=initial, **kw), violations)
 
     c = Controller(make_policy(algorithm), clock, BACKENDS, rate_tau_s=1.0, limiter_factory=factory)
-    queued: set[str] = set()
-    inflight: dict[str, str] = {}  # id -> backend
+    queued: set[str] = set()  # waiting in a class queue
+    inflight: dict[str, str] = {}  # id -> backend, reported by dispatch()
+    # dispatched by arrive() (the queues were empty), to be reported by the next dispatch()
+    unreported: dict[str, str] = {}
     ids: list[str] = []
     finished = cancelled_inflight = 0
 
@@ -158,14 +160,26 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
                 RequestInfo(rid, tenant, prio, "m", prompt, 200, client_deadline=deadline)
             )
             if adm.queued:
-                queued.add(rid)
+                if c.state_of(rid) is RequestState.INFLIGHT:
+                    # only a request that found every queue empty skips them
+                    assert not queued
+                    backend = c.backend_of(rid)
+                    assert backend is not None
+                    unreported[rid] = backend
+                else:
+                    queued.add(rid)
             else:
                 assert adm.code is not None and 0 < adm.retry_after_s <= 60
         elif kind == "dispatch":
-            for a in c.dispatch():
+            assignments = c.dispatch()
+            # those placed on arrival first, on the backend they were placed on
+            early = [(a.request_id, a.backend) for a in assignments[: len(unreported)]]
+            assert early == list(unreported.items())
+            for a in assignments[len(unreported) :]:
                 assert a.request_id in queued
                 queued.discard(a.request_id)
-                inflight[a.request_id] = a.backend
+            inflight.update((a.request_id, a.backend) for a in assignments)
+            unreported.clear()
         if kind in ("expire", "dispatch"):
             # a request found due inside dispatch() is reported by the next expire(), and
             # next_wakeup() then says "now"; the shell's timer calls expire()
@@ -184,14 +198,20 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
                 if rid in inflight:
                     del inflight[rid]
                     finished += 1
+                elif rid in unreported:  # a driver that never waited for its report
+                    del unreported[rid]
+                    finished += 1
         elif kind == "cancel":
-            rid = choose(step[1], sorted(queued | inflight.keys()))
+            rid = choose(step[1], sorted(queued | inflight.keys() | unreported.keys()))
             if rid is None:
                 continue
             c.cancel(rid)
             queued.discard(rid)
             if rid in inflight:
                 del inflight[rid]
+                cancelled_inflight += 1
+            elif rid in unreported:  # its slot is back and it will not be reported
+                del unreported[rid]
                 cancelled_inflight += 1
         elif kind == "advance":
             clock.advance(step[1])
@@ -219,23 +239,26 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
             state = c.state_of(rid)
             if rid in queued:
                 assert state is RequestState.QUEUED
-            elif rid in inflight:
+            elif rid in inflight or rid in unreported:
                 assert state is RequestState.INFLIGHT
-                assert c.backend_of(rid) == inflight[rid]
+                assert c.backend_of(rid) == inflight.get(rid, unreported.get(rid))
             else:
                 assert state is RequestState.GONE
         snap = c.snapshot()
         check_counters(snap)
         for name, b in snap["backends"].items():
-            assert b["inflight"] == sum(1 for be in inflight.values() if be == name)
+            on_it = [be for be in (*inflight.values(), *unreported.values()) if be == name]
+            assert b["inflight"] == len(on_it)
         assert sum(cls["queued"] for cls in snap["classes"].values()) == len(queued)
         assert 0.0 <= snap["pressure"] <= 1.0
         wake = c.next_wakeup()  # may lie in the past: work is due, expire() not yet called
         assert wake is None or wake == wake  # a number, never NaN
+        if unreported:
+            assert wake == clock.now()  # an assignment waits to be reported
 
     assert violations == []  # never placed over the limit in force
     classes = c.snapshot()["classes"].values()
     dispatched = sum(cls["dispatched"] for cls in classes)
     assert sum(sum(cls["finished"].values()) for cls in classes) == finished
     assert sum(cls["cancelled_inflight"] for cls in classes) == cancelled_inflight
-    assert dispatched == len(inflight) + finished + cancelled_inflight
+    assert dispatched == len(inflight) + len(unreported) + finished + cancelled_inflight

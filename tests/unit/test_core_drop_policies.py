@@ -159,21 +159,20 @@ def test_early_drop_class_timeout_moves_earlier_by_the_expected_ttft() -> None:
 
 def test_retry_after_is_the_drain_time_net_of_arrivals() -> None:
     c, clock = setup(policy(limit=1))
-    for i in range(10):
-        c.arrive(req(f"r{i}", prio=1))  # ten at t=0
-    clock.set(5.0)
+    for i in range(11):
+        c.arrive(req(f"r{i}", prio=1))  # eleven at t=0; r0 goes on arrival
+    assert [a.request_id for a in c.dispatch()] == ["r0"]
     dispatch_times = [5.0, 5.25, 5.5, 5.75, 6.0]  # warm: dispatching for tau = 1 s
-    for i, t in enumerate(dispatch_times):
+    for i, t in enumerate(dispatch_times, start=1):
         clock.set(t)
-        if i:
-            c.on_finish(f"r{i - 1}", Outcome.OK, 100, 10)
+        c.on_finish(f"r{i - 1}", Outcome.OK, 100, 10)
         assert [a.request_id for a in c.dispatch()] == [f"r{i}"]
-    # 5 queued, 1 in flight of limit 1: pressure 1.0; r10's client gives up in 0.5 s
+    # 5 queued, 1 in flight of limit 1: pressure 1.0; the newcomer's client gives up in 0.5 s
     now = 6.0
-    adm = c.arrive(req("r10", prio=1, deadline=now + 0.5))
+    adm = c.arrive(req("late", prio=1, deadline=now + 0.5))
     assert adm.code is RejectCode.SHED_ON_PRESSURE
-    mu = sum(math.exp(-(now - t)) for t in dispatch_times)  # tau 1 s
-    lam = 10 * math.exp(-now) + 1  # the ten, and r10 itself
+    mu = sum(math.exp(-(now - t)) for t in [0.0, *dispatch_times])  # tau 1 s
+    lam = 11 * math.exp(-now) + 1  # the eleven, and the newcomer itself
     excess = 5 - 0.5 * mu  # what cannot be served within its 0.5 s
     assert adm.retry_after_s == pytest.approx(excess / (mu - lam))
 

@@ -179,3 +179,21 @@ class ClassQueue:
         if now + slack >= rec.enqueued_at + self.policy.timeout:
             return True
         return rec.deadline is not None and now + slack >= rec.deadline
+
+    # -- passing straight through ------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Nothing queued and no round-robin turn left over: a lone request pushed now and
+        popped at once would leave the queue as it found it, but for the quantum."""
+        return not self.by_arrival and not self._active
+
+    def due_at_once(self, rec: RequestRecord, now: float, slack: float) -> bool:
+        """A request pushed now would be dropped by the next pass (`pop_due`'s test or
+        `is_due`'s) rather than dispatched."""
+        return self.is_due(rec, now, slack) or rec.enqueued_at <= now + slack - self.policy.timeout
+
+    def passed(self, rec: RequestRecord) -> None:
+        """`rec` was dispatched on arrival without a push and pop: account for it as they
+        would have (its cost still raises the DRR quantum)."""
+        if rec.cost > self._quantum:
+            self._quantum = float(rec.cost)

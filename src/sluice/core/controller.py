@@ -9,6 +9,14 @@ Driving it: call `arrive` for each request; after every event (arrival, finish, 
 health or metrics change) call `step` and act on what it says: the assignments to start,
 the queued requests to refuse, and when to call `step` again if nothing else happens
 (`dispatch`, `expire` and `next_wakeup` are the same pass in three calls).
+
+Dispatch on arrival: a request admitted while every class queue is empty, and that a
+backend has room for, is placed by `arrive` itself, exactly as the step right after it
+would have placed it alone in its queue (the common case below the limit, without a trip
+through the queue). Its state is then INFLIGHT, but its Assignment is reported by the next
+`step` or `dispatch` like any other (`next_wakeup` says "now" until then), so a driver
+that steps after every arrival sees no difference. A request cancelled before that step
+is not reported; its slot and its quota charge come back.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from sluice.core.types import (
 )
 
 PRIORITIES = (0, 1, 2)
+_INFLIGHT = RequestState.INFLIGHT
 _DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
 _QUEUED = Admission.ok()  # shared: an answer is never changed
 
@@ -54,6 +63,10 @@ class Step(NamedTuple):
     assignments: list[Assignment]
     rejections: list[Rejection]
     wake_at: float | None  # call step() again by then if nothing else happens
+
+
+# Step(...) runs a Python-level __new__; the tuple's own is the same and free (once per event)
+_new_step = tuple.__new__
 
 
 class ClassCounters:
@@ -132,10 +145,13 @@ class Controller:
         quotas: TenantQuotas | None = None,
         cost_model: TokenCostModel | None = None,
         seed: int | str = 0,
+        dispatch_on_arrival: bool = True,
     ) -> None:
         """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
         `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
-        factory; `seed` makes each backend's probe jitter reproducible."""
+        factory; `seed` makes each backend's probe jitter reproducible;
+        `dispatch_on_arrival=False` makes `arrive` only queue (the behaviour the short cut
+        reproduces: the tests compare the two)."""
         self._policy = policy
         self._clock = clock
         self._limiter_kwargs = {k: dict(v) for k, v in (limiter_kwargs or {}).items()}
@@ -157,6 +173,9 @@ class Controller:
         self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
         self._slack_cache: tuple[float, list[float]] | None = None  # (ttft, slacks)
         self._pending: list[Rejection] = []  # found due inside dispatch(): for expire()
+        # dispatched by arrive(), for the next step() to report (unless cancelled by then)
+        self._ready: list[tuple[RequestRecord, Assignment]] = []
+        self._dispatch_on_arrival = dispatch_on_arrival
         self._alarms: list[tuple[float, int, str]] = []  # (due, seq, id): overdue TTFT
         self._seq = 0
         self._counters = [ClassCounters() for _ in PRIORITIES]
@@ -314,6 +333,20 @@ class Controller:
         self._records[rid] = rec
         counters.admitted += 1
         cost.note_admitted(req.model, footprint)
+        q0, q1, q2 = self._queues
+        if (
+            not (q0.by_arrival or q1.by_arrival or q2.by_arrival)
+            and self._dispatch_on_arrival
+            and q.idle()
+            and not (self._alarms and self._alarms[0][0] <= now)  # step fires them first
+            and not q.due_at_once(rec, now, self._slacks()[prio])
+        ):
+            b = self._dispatcher.dispatch_alone(rec, now)
+            if b is not None:
+                q.passed(rec)
+                # its first-token alarm is armed when it is reported, as step() would
+                self._ready.append((rec, self._started(rec, b, now, arm=False)))
+                return _QUEUED
         q.push(rec)
         return _QUEUED
 
@@ -364,20 +397,37 @@ class Controller:
         now = self._clock.now()
         if self._alarms and self._alarms[0][0] <= now:
             self._check_alarms(now)
+        ready = self._take_ready() if self._ready else []
         q0, q1, q2 = self._queues
         if not (q0.by_arrival or q1.by_arrival or q2.by_arrival):
             # Nothing queued: nothing to dispatch or drop (the common case below the limit).
             out, self._pending = self._pending, []
-            return Step([], out, now if out else self._next_alarm())
+            return _new_step(Step, (ready, out, now if out else self._next_alarm()))
         slacks = self._slacks()
         assignments = self._dispatch_at(now, slacks)
+        if ready:
+            assignments = ready + assignments
         out, self._pending = self._pending, []
-        return Step(assignments, out, now if out else self._wakeup(slacks))
+        return _new_step(Step, (assignments, out, now if out else self._wakeup(slacks)))
 
     def dispatch(self) -> list[Assignment]:
         now = self._clock.now()
         self._check_alarms(now)
-        return self._dispatch_at(now, self._slacks())
+        ready = self._take_ready() if self._ready else []
+        return ready + self._dispatch_at(now, self._slacks())
+
+    def _take_ready(self) -> list[Assignment]:
+        """The assignments made by `arrive` since the last pass, but for the cancelled.
+        Called after the pass has fired its due alarms, where it would have placed them."""
+        ready, self._ready = self._ready, []
+        out = []
+        for rec, a in ready:
+            if rec.state is RequestState.INFLIGHT:
+                if rec.info.first_token_visible:
+                    assert rec.backend is not None and rec.dispatched_at is not None
+                    self._arm(rec, rec.backend, rec.dispatched_at)
+                out.append(a)
+        return out
 
     def _dispatch_at(self, now: float, slacks: list[float]) -> list[Assignment]:
         self._collect_due(now, slacks)
@@ -386,7 +436,9 @@ class Controller:
             self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
         return [self._started(rec, b, now) for rec, b in placed]
 
-    def _started(self, rec: RequestRecord, b: BackendState, now: float) -> Assignment:
+    def _started(
+        self, rec: RequestRecord, b: BackendState, now: float, arm: bool = True
+    ) -> Assignment:
         """Book-keeping for a request the dispatcher just placed on `b`."""
         rec.state = RequestState.INFLIGHT
         rec.dispatched_at = now
@@ -394,11 +446,15 @@ class Controller:
         prio = rec.priority
         self._counters[prio].dispatched += 1
         self._drain.record_dispatch(prio, now)
-        if rec.info.first_token_visible:
-            alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
-            if alarm is not None:
-                heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
+        if arm and rec.info.first_token_visible:
+            self._arm(rec, b, now)
         return Assignment(rec.request_id, b.name, now - rec.enqueued_at)
+
+    def _arm(self, rec: RequestRecord, b: BackendState, now: float) -> None:
+        """The alarm that feeds the limiter if the first token is overdue."""
+        alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
+        if alarm is not None:
+            heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
 
     def expire(self) -> list[Rejection]:
         now = self._clock.now()
@@ -408,7 +464,7 @@ class Controller:
         return out
 
     def next_wakeup(self) -> float | None:
-        if self._pending:
+        if self._pending or self._ready:
             return self._clock.now()
         return self._wakeup(self._slacks())
 
@@ -495,7 +551,11 @@ class Controller:
         else:
             self._dispatcher.release(rec, now)
             counters.cancelled_inflight += 1
-            self._quotas.release(rec.tenant, now)
+            if self._ready and any(r is rec for r, _ in self._ready):
+                # dispatched by arrive() but never reported, so never sent
+                self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+            else:
+                self._quotas.release(rec.tenant, now)
         rec.state = RequestState.GONE
 
     def on_first_token(self, request_id: str) -> None:
@@ -529,7 +589,7 @@ class Controller:
         completion_tokens: int | None = None,
     ) -> None:
         rec = self._records.get(request_id)
-        if rec is None or rec.state is not RequestState.INFLIGHT:
+        if rec is None or rec.state is not _INFLIGHT:
             return
         del self._records[request_id]
         rec.state = RequestState.GONE
@@ -537,7 +597,9 @@ class Controller:
         b = rec.backend
         assert b is not None and rec.dispatched_at is not None
         self._dispatcher.release(rec, now, refresh=False)  # refreshed once, below
-        _bump(self._counters[rec.priority].finished, outcome.value)
+        finished = self._counters[rec.priority].finished
+        key = str(outcome)  # its value (StrEnum), without enum's Python-level property
+        finished[key] = finished.get(key, 0) + 1
         if outcome is Outcome.OK:
             self._cost.observe(
                 rec.tenant, rec.model, rec.info.prompt_tokens, prompt_tokens, completion_tokens

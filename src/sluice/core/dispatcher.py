@@ -97,27 +97,34 @@ class Dispatcher:
 
     def refresh(self, b: BackendState) -> None:
         """Re-read the limiter and update the free-slot sets."""
-        limit = b.limiter.limit
+        limiter = b.limiter
+        limit = limiter.limit
         if limit != b.limit or b.cap_low < 0:
             b.limit = limit
             b.cap_low = low_cap(limit, self.reserved_p0)
-        b.kv_budget = b.limiter.kv_budget_tokens
+        b.kv_budget = limiter.kv_budget_tokens
         name = b.name
-        usable = b.healthy and not b.removed
         # Totals over usable backends, kept incrementally so pressure is O(1).
-        new_inflight = b.inflight if usable else 0
-        new_limit = limit if usable else 0
-        self.inflight_total += new_inflight - b.counted_inflight
-        self.limit_total += new_limit - b.counted_limit
-        b.counted_inflight = new_inflight
-        b.counted_limit = new_limit
-        if usable and b.inflight < limit:
-            self._open_all[name] = b
+        if b.healthy and not b.removed:
+            inflight = b.inflight
+            self.inflight_total += inflight - b.counted_inflight
+            b.counted_inflight = inflight
+            if limit != b.counted_limit:
+                self.limit_total += limit - b.counted_limit
+                b.counted_limit = limit
+            if inflight < limit:
+                self._open_all[name] = b
+            else:
+                self._open_all.pop(name, None)
+            if inflight < b.cap_low:
+                self._open_low[name] = b
+            else:
+                self._open_low.pop(name, None)
         else:
+            self.inflight_total -= b.counted_inflight
+            self.limit_total -= b.counted_limit
+            b.counted_inflight = b.counted_limit = 0
             self._open_all.pop(name, None)
-        if usable and b.inflight < b.cap_low:
-            self._open_low[name] = b
-        else:
             self._open_low.pop(name, None)
 
     def set_reserved(self, reserved_p0: float) -> None:
@@ -196,6 +203,17 @@ class Dispatcher:
             elif b.name < best.name:
                 best = b
         return best
+
+    def dispatch_alone(self, rec: RequestRecord, now: float) -> BackendState | None:
+        """Place `rec` as `dispatch` would if it were the only request queued (and not
+        due): the backend it went to, or None (then it must be queued)."""
+        if not self._open_all:
+            return None
+        self._p0_since_aged = 0  # no P1 request waits behind P0: no aged turn owed
+        b = self.place(rec, rec.priority == 0)
+        if b is not None:
+            self.assign(rec, b, now)
+        return b
 
     def dispatch(
         self,

@@ -327,9 +327,10 @@ class Gateway:
 
         feature = self.features.resolve(request.headers.get("X-Sluice-Feature"), tenant,
                                         parsed.model)
+        feature_name = feature.name if feature else None
         breaker = self.features.breaker(feature)
         if breaker is not None and not breaker.allow():
-            fields.update(outcome="fallback", feature=feature.name if feature else None)
+            fields.update(outcome="fallback", feature=feature_name)
             return await self._fallback(request, parsed, feature, chat, headers, started)
 
         retry = _retry_attempt(request)
@@ -343,7 +344,7 @@ class Gateway:
         base_id = f"{self._id_prefix}-{next(self._ids)}"
         headers["X-Request-Id"] = base_id
         fields.update(request_id=base_id, model=parsed.model, stream=parsed.stream,
-                      feature=feature.name if feature else None)
+                      feature=feature_name)
         queued_total = 0.0
         ticket = None
         if self.quota_gate is not None and self.quota_gate.limits(tenant.name):
@@ -376,7 +377,7 @@ class Gateway:
                 max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
                 weight=tenant.weight,
                 client_deadline=patience,
-                feature=feature.name if feature else None,
+                feature=feature_name,
                 retry_attempt=retry[0] if retry else 0,
                 first_token_visible=parsed.stream,
             )
@@ -414,7 +415,9 @@ class Gateway:
                     breaker.record_failure()
                 elif result.outcome is Outcome.OK:
                     breaker.record_success()
-            fields["outcome"] = result.outcome.value
+            # str() of a StrEnum is its value, without enum's Python-level `.value`
+            outcome = str(result.outcome)
+            fields["outcome"] = outcome
             if result.completion_tokens is not None:
                 fields["completion_tokens"] = result.completion_tokens
             if result.retryable:
@@ -429,7 +432,7 @@ class Gateway:
                     self.telemetry.outcome(priority, "retried_on_other_backend")
                     failed = result
                     continue
-            self.telemetry.outcome(priority, result.outcome.value)
+            self.telemetry.outcome(priority, outcome)
             self.telemetry.observe_latency(priority, self.clock.now() - started)
             return result.response
         raise AssertionError("unreachable: the last attempt returns")
@@ -456,7 +459,9 @@ class Gateway:
             default_timeout=self.policy.server.upstream_timeout,
         )
         try:
-            result = await self.relay.forward(ctx, on_first_token=self._first_token(ctx))
+            # only a stream's first token is seen (relayed whole, an answer has none)
+            first_token = self._first_token(ctx) if parsed.stream else _no_first_token
+            result = await self.relay.forward(ctx, on_first_token=first_token)
         except BaseException:
             # The client went away (the handler is cancelled) or something unexpected:
             # the slot comes back either way.
@@ -531,6 +536,10 @@ class Gateway:
         return on_first_token
 
 
+def _no_first_token() -> None:
+    pass
+
+
 def _unauthorized() -> web.Response:
     return error_response(
         401, "Missing or unknown API key: send Authorization: Bearer <key>.", "invalid_api_key"
@@ -542,10 +551,11 @@ def _client_timeouts(request: web.Request) -> tuple[float | None, float | None]:
     X-Request-Timeout and the openai SDK's X-Stainless-Timeout bound the whole call;
     X-Stainless-Read-Timeout bounds each read, so only the wait for the first byte (the
     queue wait). The smallest applicable one wins."""
-    first: list[float] = []
-    total: list[float] = []
+    first: float | None = None
+    total: float | None = None
+    headers = request.headers
     for name in _DEADLINE_HEADERS:
-        value = request.headers.get(name)
+        value = headers.get(name)
         if value is None:
             continue
         try:
@@ -554,10 +564,11 @@ def _client_timeouts(request: web.Request) -> tuple[float | None, float | None]:
             raise BadRequest(f"{name} must be a number of seconds") from None
         if not 0 < seconds < float("inf"):
             raise BadRequest(f"{name} must be a positive number of seconds")
-        first.append(seconds)
-        if name != "X-Stainless-Read-Timeout":
-            total.append(seconds)
-    return (min(first) if first else None), (min(total) if total else None)
+        if first is None or seconds < first:
+            first = seconds
+        if name != "X-Stainless-Read-Timeout" and (total is None or seconds < total):
+            total = seconds
+    return first, total
 
 
 def _retry_attempt(request: web.Request) -> tuple[int, str] | None:

@@ -58,7 +58,8 @@ class DispatchBridge:
                 found = rejection
             else:
                 self._resolve(rejection.request_id, rejection)
-        self._arm_timer(wake_at)
+        if wake_at is not None:
+            self._arm_timer(wake_at)
         return found
 
     def _resolve(self, request_id: str, decision: Assignment | Rejection) -> bool:
@@ -68,10 +69,10 @@ class DispatchBridge:
         fut.set_result(decision)
         return True
 
-    def _arm_timer(self, wake_at: float | None) -> None:
+    def _arm_timer(self, wake_at: float) -> None:
         # Keep an armed timer that fires no later than needed: re-arming on every request
         # (each dispatch sets a first-token alarm) costs more than a wake-up for nothing.
-        if wake_at is None or (self._timer_at is not None and self._timer_at <= wake_at):
+        if self._timer_at is not None and self._timer_at <= wake_at:
             return
         if self._timer is not None:
             self._timer.cancel()

@@ -68,7 +68,8 @@ class Relay:
         timeout = ctx.default_timeout
         if ctx.deadline is not None:
             timeout = min(timeout, ctx.deadline - time.monotonic())
-        state = _StreamState()
+        # only a stream's relay changes it: an answer relayed whole shares one that stays
+        state = _StreamState() if ctx.stream else _WHOLE_ANSWER
         url = ctx.backend.url + ctx.path
         try:
             async with asyncio.timeout(max(0.001, timeout)):
@@ -211,6 +212,9 @@ class _StreamState:
     client_gone: bool = False
 
 
+_WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
+
+
 def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
     message = f"The backend is overloaded ({detail}); retry shortly."
     headers = {**ctx.headers, **retry_after_headers(1.0)}
@@ -258,7 +262,8 @@ def _usage_of(data: bytes) -> tuple[int | None, int | None]:
 
 
 def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    # exactly int: not a bool (orjson makes no other int subclass)
+    return value if type(value) is int else None
 
 
 def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
