@@ -49,7 +49,15 @@ op = st.one_of(
 ops_strategy = st.lists(op, min_size=10, max_size=150)
 
 
-def make_policy(algorithm: str) -> Policy:
+def make_policy(
+    algorithm: str,
+    limit: int = 2,
+    dispatcher: dict[str, Any] | None = None,
+    tokens_per_minute: int | None = None,
+) -> Policy:
+    """Three classes (tail, early drop, fast reject), a tight fixed-size limit and one
+    tenant with request, concurrency and (optionally) token quotas."""
+
     def queue(p: int, drop: str, timeout: str) -> dict[str, Any]:
         return {
             "priority": p,
@@ -59,23 +67,27 @@ def make_policy(algorithm: str) -> Policy:
             "dropPolicy": drop,
         }
 
-    return Policy.model_validate(
-        {
-            "queues": [
-                queue(0, "tail", "8s"),
-                queue(1, "early-drop-on-pressure", "15s"),
-                queue(2, "fast-reject", "20s"),
-            ],
-            "limiter": {
-                "algorithm": algorithm,
-                "fixedLimit": 2,
-                "minLimit": 1,
-                "initialLimit": 2,
-                "maxLimit": 6,
-            },
-            "tenants": [{"name": "C", "requestsPerMinute": 20, "maxConcurrency": 3}],
-        }
-    )
+    tenant: dict[str, Any] = {"name": "C", "requestsPerMinute": 20, "maxConcurrency": 3}
+    if tokens_per_minute is not None:
+        tenant["tokensPerMinute"] = tokens_per_minute
+    doc: dict[str, Any] = {
+        "queues": [
+            queue(0, "tail", "8s"),
+            queue(1, "early-drop-on-pressure", "15s"),
+            queue(2, "fast-reject", "20s"),
+        ],
+        "limiter": {
+            "algorithm": algorithm,
+            "fixedLimit": limit,
+            "minLimit": 1,
+            "initialLimit": limit,
+            "maxLimit": 6,
+        },
+        "tenants": [tenant],
+    }
+    if dispatcher is not None:
+        doc["dispatcher"] = dispatcher
+    return Policy.model_validate(doc)
 
 
 class CheckedLimiter(LimiterBase):

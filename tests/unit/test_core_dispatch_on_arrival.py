@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_core_controller_invariants import make_policy as invariants_policy
 
 from sluice.config import LimiterPolicy, Policy
 from sluice.core.clock import FakeClock
@@ -22,39 +23,11 @@ BACKENDS = ["b0", "b1"]
 
 
 def make_policy(algorithm: str = "fixed", limit: int = 2, reserved: float = 0.2) -> Policy:
-    def queue(p: int, drop: str, timeout: str) -> dict[str, Any]:
-        return {
-            "priority": p,
-            "name": f"q{p}",
-            "maxQueueSize": 6,
-            "timeout": timeout,
-            "dropPolicy": drop,
-        }
-
-    return Policy.model_validate(
-        {
-            "queues": [
-                queue(0, "tail", "8s"),
-                queue(1, "early-drop-on-pressure", "15s"),
-                queue(2, "fast-reject", "20s"),
-            ],
-            "limiter": {
-                "algorithm": algorithm,
-                "fixedLimit": limit,
-                "minLimit": 1,
-                "initialLimit": limit,
-                "maxLimit": 6,
-            },
-            "dispatcher": {"reserved": {"p0": reserved}, "agingAfter": "2s"},
-            "tenants": [
-                {
-                    "name": "C",
-                    "requestsPerMinute": 20,
-                    "maxConcurrency": 3,
-                    "tokensPerMinute": 20000,
-                }
-            ],
-        }
+    return invariants_policy(
+        algorithm,
+        limit,
+        dispatcher={"reserved": {"p0": reserved}, "agingAfter": "2s"},
+        tokens_per_minute=20000,
     )
 
 
