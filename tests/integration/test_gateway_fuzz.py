@@ -23,10 +23,14 @@ _HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), ma
 )
 _KEYS = st.sampled_from(["sk-demo-p0", "sk-demo-p1", "sk-demo-p2", "nope", ""])
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
     | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -42,8 +46,11 @@ def stack() -> Iterator[tuple[SimProcess, GatewayProcess]]:
 
 def _body(draw_obj: Any, model: str) -> dict[str, Any]:
     """Mostly-valid chat bodies with one field replaced by something arbitrary."""
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                            "max_tokens": 4}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
     if isinstance(draw_obj, dict):
         body.update({k: v for k, v in draw_obj.items() if k})
     return body
@@ -65,24 +72,47 @@ _FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 @given(
     key=_KEYS,
     priority=st.one_of(st.none(), _HEADER_TEXT, st.sampled_from(["0", "1", "2", "3", "-1"])),
-    timeout=st.one_of(st.none(), _HEADER_TEXT, st.sampled_from(["0", "-1", "nan", "inf", "1e9",
-                                                                 "0.5"])),
+    timeout=st.one_of(
+        st.none(), _HEADER_TEXT, st.sampled_from(["0", "-1", "nan", "inf", "1e9", "0.5"])
+    ),
     feature=st.one_of(st.none(), _HEADER_TEXT, st.just("summarize")),
     fields=st.dictionaries(
-        st.sampled_from(["model", "messages", "max_tokens", "max_completion_tokens",
-                         "stream", "stream_options", "prompt", "n", "temperature",
-                         "ignore_eos", "extra"]),
-        _JSON, max_size=3),
+        st.sampled_from(
+            [
+                "model",
+                "messages",
+                "max_tokens",
+                "max_completion_tokens",
+                "stream",
+                "stream_options",
+                "prompt",
+                "n",
+                "temperature",
+                "ignore_eos",
+                "extra",
+            ]
+        ),
+        _JSON,
+        max_size=3,
+    ),
     completions=st.booleans(),
 )
 def test_headers_and_json_bodies_never_give_a_server_error(
-    stack: tuple[SimProcess, GatewayProcess], key: str, priority: str | None,
-    timeout: str | None, feature: str | None, fields: dict[str, Any], completions: bool,
+    stack: tuple[SimProcess, GatewayProcess],
+    key: str,
+    priority: str | None,
+    timeout: str | None,
+    feature: str | None,
+    fields: dict[str, Any],
+    completions: bool,
 ) -> None:
     _, gw = stack
     headers = {"Authorization": f"Bearer {key}".strip()}
-    for name, value in (("X-Priority", priority), ("X-Request-Timeout", timeout),
-                        ("X-Sluice-Feature", feature)):
+    for name, value in (
+        ("X-Priority", priority),
+        ("X-Request-Timeout", timeout),
+        ("X-Sluice-Feature", feature),
+    ):
         if value is not None:
             headers[name] = value
     body = _body(fields, "sluice-sim")
@@ -94,14 +124,22 @@ def test_headers_and_json_bodies_never_give_a_server_error(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=_FIXTURE_OK)
-@given(raw=st.binary(max_size=300), content_type=st.sampled_from(
-    ["application/json", "text/plain", "application/x-www-form-urlencoded", ""]))
-def test_arbitrary_bytes_are_a_clean_400(stack: tuple[SimProcess, GatewayProcess], raw: bytes,
-                                         content_type: str) -> None:
+@given(
+    raw=st.binary(max_size=300),
+    content_type=st.sampled_from(
+        ["application/json", "text/plain", "application/x-www-form-urlencoded", ""]
+    ),
+)
+def test_arbitrary_bytes_are_a_clean_400(
+    stack: tuple[SimProcess, GatewayProcess], raw: bytes, content_type: str
+) -> None:
     _, gw = stack
-    r = httpx.post(gw.url + "/v1/chat/completions", content=raw,
-                   headers={"Authorization": "Bearer sk-demo-p0", "Content-Type": content_type},
-                   timeout=30)
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=raw,
+        headers={"Authorization": "Bearer sk-demo-p0", "Content-Type": content_type},
+        timeout=30,
+    )
     _check(r)
     if r.status_code != 200:
         assert r.status_code in (400, 404, 413)
@@ -114,21 +152,33 @@ def test_bad_requests_do_not_harm_a_stream_in_flight(
     result: dict[str, Any] = {}
 
     def stream() -> None:
-        with httpx.stream("POST", gw.url + "/v1/chat/completions",
-                          headers={"Authorization": "Bearer sk-demo-p0"},
-                          json={"model": "sluice-sim", "messages": [{"role": "user",
-                                                                     "content": "hi"}],
-                                "max_tokens": 300, "ignore_eos": True, "stream": True,
-                                "stream_options": {"include_usage": True}},
-                          timeout=60) as r:
+        with httpx.stream(
+            "POST",
+            gw.url + "/v1/chat/completions",
+            headers={"Authorization": "Bearer sk-demo-p0"},
+            json={
+                "model": "sluice-sim",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 300,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            timeout=60,
+        ) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         result["lines"] = lines
 
     t = threading.Thread(target=stream)
     t.start()
     for raw in (b"{", b"[]", b'{"model": 3}', b"\xff" * 100, b'{"model":"x","messages":[]}'):
-        _check(httpx.post(gw.url + "/v1/chat/completions", content=raw,
-                          headers={"Authorization": "Bearer sk-demo-p1"}))
+        _check(
+            httpx.post(
+                gw.url + "/v1/chat/completions",
+                content=raw,
+                headers={"Authorization": "Bearer sk-demo-p1"},
+            )
+        )
     t.join(60)
     lines = result["lines"]
     assert lines[-1] == "data: [DONE]"

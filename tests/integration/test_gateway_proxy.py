@@ -45,8 +45,9 @@ def _collect(stream: openai.Stream) -> str:  # type: ignore[type-arg]
     return "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
 
 
-def test_openai_sdk_sync_same_content_as_direct(backend: SimProcess,
-                                                 gateway: GatewayProcess) -> None:
+def test_openai_sdk_sync_same_content_as_direct(
+    backend: SimProcess, gateway: GatewayProcess
+) -> None:
     model = _model(backend)
     direct = openai.OpenAI(base_url=backend.url + "/v1", api_key="x")
     via = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-demo-p0")
@@ -61,26 +62,32 @@ def test_openai_sdk_sync_same_content_as_direct(backend: SimProcess,
     sb = _collect(via.chat.completions.create(stream=True, **kw))  # type: ignore[call-overload]
     assert sb == sa == a.choices[0].message.content
 
-    ca = direct.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
-                                   **DETERMINISTIC)
-    cb = via.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
-                                **DETERMINISTIC)
+    ca = direct.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=12, **DETERMINISTIC
+    )
+    cb = via.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=12, **DETERMINISTIC
+    )
     assert cb.choices[0].text == ca.choices[0].text
 
 
-async def test_openai_sdk_async_same_content_as_direct(backend: SimProcess,
-                                                        gateway: GatewayProcess) -> None:
+async def test_openai_sdk_async_same_content_as_direct(
+    backend: SimProcess, gateway: GatewayProcess
+) -> None:
     model = _model(backend)
     direct = openai.AsyncOpenAI(base_url=backend.url + "/v1", api_key="x")
     via = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="sk-demo-p1")
     kw = {"model": model, "messages": PROMPT, "max_tokens": 20, **DETERMINISTIC}
-    a, b = await asyncio.gather(direct.chat.completions.create(**kw),  # type: ignore[call-overload]
-                                via.chat.completions.create(**kw))  # type: ignore[call-overload]
+    a, b = await asyncio.gather(
+        direct.chat.completions.create(**kw),  # type: ignore[call-overload]
+        via.chat.completions.create(**kw),
+    )  # type: ignore[call-overload]
     assert b.choices[0].message.content == a.choices[0].message.content
 
     async def collect(client: openai.AsyncOpenAI) -> tuple[str, int | None]:
         stream = await client.chat.completions.create(  # type: ignore[call-overload]
-            stream=True, stream_options={"include_usage": True}, **kw)
+            stream=True, stream_options={"include_usage": True}, **kw
+        )
         text, usage = "", None
         async for chunk in stream:
             if chunk.choices:
@@ -93,13 +100,16 @@ async def test_openai_sdk_async_same_content_as_direct(backend: SimProcess,
     assert tb == ta and ub == ua == 20
 
 
-def test_stream_without_usage_gets_no_usage_chunk(backend: SimProcess,
-                                                   gateway: GatewayProcess) -> None:
+def test_stream_without_usage_gets_no_usage_chunk(
+    backend: SimProcess, gateway: GatewayProcess
+) -> None:
     """The gateway asks the backend for usage; a client that did not ask must not see it."""
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions",
-                      headers={"Authorization": "Bearer sk-demo-p0"},
-                      json={"model": _model(backend), "messages": PROMPT, "max_tokens": 5,
-                            "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        gateway.url + "/v1/chat/completions",
+        headers={"Authorization": "Bearer sk-demo-p0"},
+        json={"model": _model(backend), "messages": PROMPT, "max_tokens": 5, "stream": True},
+    ) as r:
         body = r.read().decode()
     assert r.status_code == 200
     assert '"usage"' not in body
@@ -121,8 +131,11 @@ def test_models_auth_and_errors(backend: SimProcess, gateway: GatewayProcess) ->
         assert set(r.json()["error"]) >= {"message", "type", "code"}
 
     check(httpx.post(chat, json=body), 401, "invalid_api_key")
-    check(httpx.post(chat, json=body, headers={"Authorization": "Bearer nope"}), 401,
-          "invalid_api_key")
+    check(
+        httpx.post(chat, json=body, headers={"Authorization": "Bearer nope"}),
+        401,
+        "invalid_api_key",
+    )
     p1 = {"Authorization": "Bearer sk-demo-p1"}
     r = httpx.post(chat, json=body, headers={**p1, "X-Priority": "0"})
     check(r, 403, "priority_not_allowed")
@@ -146,8 +159,12 @@ def test_upstream_failure_mid_stream_is_an_error_event(sim_factory: SimFactory) 
     try:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p0", max_retries=0)
         stream = client.chat.completions.create(
-            model=_model(slow), messages=PROMPT, max_tokens=200, stream=True,
-            extra_body={"ignore_eos": True})
+            model=_model(slow),
+            messages=PROMPT,
+            max_tokens=200,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         it = iter(stream)
         next(it)  # streaming has begun
         slow.kill()
@@ -163,11 +180,12 @@ def test_client_deadline_bounds_the_upstream_call(sim_factory: SimFactory) -> No
     gw = start_gateway([slow.url])
     try:
         t0 = time.monotonic()
-        r = httpx.post(gw.url + "/v1/chat/completions",
-                       headers={"Authorization": "Bearer sk-demo-p0",
-                                "X-Request-Timeout": "0.5"},
-                       json={"model": _model(slow), "messages": PROMPT, "max_tokens": 300,
-                             "ignore_eos": True}, timeout=10)
+        r = httpx.post(
+            gw.url + "/v1/chat/completions",
+            headers={"Authorization": "Bearer sk-demo-p0", "X-Request-Timeout": "0.5"},
+            json={"model": _model(slow), "messages": PROMPT, "max_tokens": 300, "ignore_eos": True},
+            timeout=10,
+        )
         assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
         assert time.monotonic() - t0 < 2.0
     finally:
@@ -177,8 +195,9 @@ def test_client_deadline_bounds_the_upstream_call(sim_factory: SimFactory) -> No
 async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory) -> None:
     """50 streaming clients close after their first token; every one of their backend
     requests is aborted (KV blocks freed) within 100 ms of its client's close."""
-    sim = sim_factory("--profile", "tiny", "--kv-blocks", "4096", "--max-num-seqs", "128",
-                      "--speed", "1")
+    sim = sim_factory(
+        "--profile", "tiny", "--kv-blocks", "4096", "--max-num-seqs", "128", "--speed", "1"
+    )
     gw = start_gateway([sim.url], POLICY_BIG_LIMIT)
     model = _model(sim)
     n = 50
@@ -192,10 +211,16 @@ async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory) -
         async def one() -> None:
             nonlocal first_tokens
             async with client.stream(
-                "POST", gw.url + "/v1/chat/completions",
+                "POST",
+                gw.url + "/v1/chat/completions",
                 headers={"Authorization": "Bearer sk-demo-p0"},
-                json={"model": model, "messages": PROMPT, "max_tokens": 2000,
-                      "ignore_eos": True, "stream": True},
+                json={
+                    "model": model,
+                    "messages": PROMPT,
+                    "max_tokens": 2000,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
             ) as r:
                 assert r.status_code == 200
                 # Keep the iterator: closing it would close the connection early.
@@ -218,15 +243,23 @@ async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory) -
         # stamps each reading with the system-wide monotonic clock: this process is busy
         # closing 50 streams and would delay its own readings.
         poller = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _POLLER, sim.url, key, str(before.get(key, 0) + n),
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-c",
+            _POLLER,
+            sim.url,
+            key,
+            str(before.get(key, 0) + n),
+            stdout=asyncio.subprocess.PIPE,
+        )
         assert poller.stdout is not None
         assert (await poller.stdout.readline()).strip() == b"ready"
         close.set()
         await asyncio.gather(*tasks)
         out = (await asyncio.wait_for(poller.communicate(), 10))[0].decode()
-    samples = [(float(t), int(float(c) - before.get(key, 0)))
-               for t, c in (line.split() for line in out.splitlines())]
+    samples = [
+        (float(t), int(float(c) - before.get(key, 0)))
+        for t, c in (line.split() for line in out.splitlines())
+    ]
     gw.stop()
     assert samples and samples[-1][1] == n, f"only {samples[-1][1]} of {n} aborted"
     # The k-th abort the backend counted answers the k-th close.
@@ -237,8 +270,10 @@ async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory) -
         delays.append(max(0.0, seen_at - closes[k - 1]))
     delays.sort()
     p50, p99 = statistics.median(delays), delays[int(0.99 * n) - 1]
-    print(f"\nabort after client close: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-          f"max {delays[-1] * 1000:.1f} ms")
+    print(
+        f"\nabort after client close: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
+        f"max {delays[-1] * 1000:.1f} ms"
+    )
     assert delays[-1] <= 0.100, f"an abort came {delays[-1] * 1000:.0f} ms after its close"
 
 
@@ -274,10 +309,19 @@ limiter: {algorithm: fixed, fixedLimit: 200, maxLimit: 256}
 def test_sigterm_lets_open_streams_finish(sim_factory: SimFactory) -> None:
     sim = sim_factory("--profile", "tiny", "--speed", "0.5")
     gw = start_gateway([sim.url])
-    with httpx.stream("POST", gw.url + "/v1/chat/completions",
-                      headers={"Authorization": "Bearer sk-demo-p0"},
-                      json={"model": _model(sim), "messages": PROMPT, "max_tokens": 40,
-                            "ignore_eos": True, "stream": True}, timeout=20) as r:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        headers={"Authorization": "Bearer sk-demo-p0"},
+        json={
+            "model": _model(sim),
+            "messages": PROMPT,
+            "max_tokens": 40,
+            "ignore_eos": True,
+            "stream": True,
+        },
+        timeout=20,
+    ) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: {"))
         os.kill(gw.proc.pid, signal.SIGTERM)

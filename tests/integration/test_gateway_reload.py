@@ -56,10 +56,16 @@ async def _burst(url: str, n: int) -> Counter[str]:
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=n)) as c:
 
         async def one() -> str:
-            r = await c.post(url + "/v1/chat/completions",
-                             headers={"Authorization": "Bearer sk-demo-p1"},
-                             json={"model": "sluice-sim", "max_tokens": 30, "ignore_eos": True,
-                                   "messages": [{"role": "user", "content": "hi"}]})
+            r = await c.post(
+                url + "/v1/chat/completions",
+                headers={"Authorization": "Bearer sk-demo-p1"},
+                json={
+                    "model": "sluice-sim",
+                    "max_tokens": 30,
+                    "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
             if r.status_code == 200:
                 return "ok"
             return f"{r.status_code}:{r.json()['error']['code']}"
@@ -67,8 +73,9 @@ async def _burst(url: str, n: int) -> Counter[str]:
         return Counter(await asyncio.gather(*(one() for _ in range(n))))
 
 
-async def test_queue_size_change_applies_under_load(sim_factory: SimFactory,
-                                                    tmp_path: Path) -> None:
+async def test_queue_size_change_applies_under_load(
+    sim_factory: SimFactory, tmp_path: Path
+) -> None:
     sim = sim_factory("--profile", "tiny")
     volume = ConfigMapVolume(tmp_path)
     path = volume.write(POLICY.format(p1_size=2))
@@ -99,8 +106,9 @@ async def test_queue_size_change_applies_under_load(sim_factory: SimFactory,
         gw.stop()
 
 
-async def test_invalid_policy_is_refused_and_old_one_serves(sim_factory: SimFactory,
-                                                           tmp_path: Path) -> None:
+async def test_invalid_policy_is_refused_and_old_one_serves(
+    sim_factory: SimFactory, tmp_path: Path
+) -> None:
     sim = sim_factory("--profile", "tiny")
     volume = ConfigMapVolume(tmp_path)
     path = volume.write(POLICY.format(p1_size=500))
@@ -117,12 +125,14 @@ async def test_invalid_policy_is_refused_and_old_one_serves(sim_factory: SimFact
         async with httpx.AsyncClient() as c:
             denied = await c.post(gw.url + "/admin/reload")
             assert denied.status_code == 401
-            r = await c.post(gw.url + "/admin/reload",
-                             headers={"Authorization": "Bearer sk-demo-admin"})
+            r = await c.post(
+                gw.url + "/admin/reload", headers={"Authorization": "Bearer sk-demo-admin"}
+            )
             assert r.status_code == 422
             assert any("dropPolicy" in e for e in r.json()["errors"])
-            state = await c.get(gw.url + "/admin/state",
-                                headers={"Authorization": "Bearer sk-demo-admin"})
+            state = await c.get(
+                gw.url + "/admin/state", headers={"Authorization": "Bearer sk-demo-admin"}
+            )
             assert state.status_code == 200
             assert state.json()["controller"]["classes"]["P1"]["name"] == "agent-workflow"
         assert any("refused" in line for line in gw.output)

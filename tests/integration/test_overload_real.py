@@ -27,8 +27,12 @@ pytestmark = pytest.mark.integration
 RATE_PER_S = 13.0
 DURATION_S = 10.0
 KEYS = {0: "sk-demo-p0", 1: "sk-demo-p1", 2: "sk-demo-p2"}
-BODY = {"model": "sluice-sim", "messages": [{"role": "user", "content": "word " * 200}],
-        "max_tokens": 150, "ignore_eos": True}
+BODY = {
+    "model": "sluice-sim",
+    "messages": [{"role": "user", "content": "word " * 200}],
+    "max_tokens": 150,
+    "ignore_eos": True,
+}
 
 
 @dataclass
@@ -52,8 +56,9 @@ async def _flood(urls: list[str], cancel_at_end: bool) -> list[Answer]:
             sent = time.monotonic()
             try:
                 if priority == 0:
-                    async with client.stream("POST", url, headers=headers,
-                                             json={**BODY, "stream": True}) as r:
+                    async with client.stream(
+                        "POST", url, headers=headers, json={**BODY, "stream": True}
+                    ) as r:
                         if r.status_code == 200:
                             async for _ in r.aiter_lines():
                                 pass
@@ -65,8 +70,9 @@ async def _flood(urls: list[str], cancel_at_end: bool) -> list[Answer]:
                 answers.append(Answer(priority, sent, type(exc).__name__))
                 return
             code = r.json()["error"]["code"] if r.status_code >= 400 else None
-            answers.append(Answer(priority, sent, r.status_code, code,
-                                  r.headers.get("Retry-After")))
+            answers.append(
+                Answer(priority, sent, r.status_code, code, r.headers.get("Retry-After"))
+            )
 
         tasks = []
         start = time.monotonic()
@@ -92,8 +98,7 @@ def _preemptions(sims: list[SimProcess]) -> float:
 
 
 async def test_flood_through_the_gateway_vs_direct(sim_factory: SimFactory) -> None:
-    sims = [sim_factory("--profile", "tiny", "--speed", "0.5", "--seed", str(i))
-            for i in range(2)]
+    sims = [sim_factory("--profile", "tiny", "--speed", "0.5", "--seed", str(i)) for i in range(2)]
 
     before = _preemptions(sims)
     await _flood([s.url for s in sims], cancel_at_end=True)
@@ -107,10 +112,14 @@ async def test_flood_through_the_gateway_vs_direct(sim_factory: SimFactory) -> N
     finally:
         gw.stop()
 
-    by_class = {p: Counter(str(a.status) if a.code is None else a.code
-                           for a in answers if a.priority == p) for p in (0, 1, 2)}
-    print(f"\ndirect: {direct_preemptions:.0f} preemptions; through Sluice: "
-          f"{gateway_preemptions:.0f}; answers by class: {by_class}")
+    by_class = {
+        p: Counter(str(a.status) if a.code is None else a.code for a in answers if a.priority == p)
+        for p in (0, 1, 2)
+    }
+    print(
+        f"\ndirect: {direct_preemptions:.0f} preemptions; through Sluice: "
+        f"{gateway_preemptions:.0f}; answers by class: {by_class}"
+    )
     assert direct_preemptions > 0
     assert gateway_preemptions == 0
 
@@ -118,8 +127,11 @@ async def test_flood_through_the_gateway_vs_direct(sim_factory: SimFactory) -> N
     assert sum(a.status == 200 for a in p0) >= 0.99 * len(p0), by_class[0]
     refused = [a for a in answers if a.status in (429, 503)]
     assert refused and all(a.retry_after and int(a.retry_after) >= 1 for a in refused)
-    first = {p: min((a.sent for a in refused if a.priority == p), default=float("inf"))
-             for p in (0, 1, 2)}
+    first = {
+        p: min((a.sent for a in refused if a.priority == p), default=float("inf"))
+        for p in (0, 1, 2)
+    }
     assert first[2] <= first[1] < first[0], first
-    assert not [a for a in answers if a.status not in (200, 429)], \
-        Counter(a.status for a in answers)
+    assert not [a for a in answers if a.status not in (200, 429)], Counter(
+        a.status for a in answers
+    )

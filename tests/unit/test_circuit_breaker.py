@@ -9,8 +9,12 @@ from sluice.core.clock import FakeClock
 def _breaker(**kw: float) -> tuple[CircuitBreaker, FakeClock, list[BreakerState]]:
     clock = FakeClock()
     changes: list[BreakerState] = []
-    b = CircuitBreaker("b", clock, BreakerSettings(**kw),  # type: ignore[arg-type]
-                       on_change=lambda _n, s: changes.append(s))
+    b = CircuitBreaker(
+        "b",
+        clock,
+        BreakerSettings(**kw),  # type: ignore[arg-type]
+        on_change=lambda _n, s: changes.append(s),
+    )
     return b, clock, changes
 
 

@@ -134,17 +134,25 @@ def test_example_policy_is_complete() -> None:
 def test_check_config_command(tmp_path: Path) -> None:
     good = tmp_path / "cm.yaml"
     good.write_text(SEED_CONFIGMAP)
-    ok = subprocess.run([sys.executable, "-m", "sluice.cli", "check-config", str(good)],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "check-config", str(good)],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues: 3\nextra: 1\n")
-    res = subprocess.run([sys.executable, "-m", "sluice.cli", "check-config", str(bad)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 1
     assert "queues: Input should be a valid tuple" in res.stderr
     assert "extra: Extra inputs are not permitted" in res.stderr
     missing = subprocess.run(
         [sys.executable, "-m", "sluice.cli", "check-config", str(tmp_path / "nope.yaml")],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 1 and "cannot read" in missing.stderr

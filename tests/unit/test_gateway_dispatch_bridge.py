@@ -30,8 +30,9 @@ def _setup() -> tuple[Controller, DispatchBridge]:
 
 
 def _req(rid: str) -> RequestInfo:
-    return RequestInfo(request_id=rid, tenant="t", priority=0, model="m", prompt_tokens=10,
-                       max_tokens=10)
+    return RequestInfo(
+        request_id=rid, tenant="t", priority=0, model="m", prompt_tokens=10, max_tokens=10
+    )
 
 
 async def test_assignment_then_timeout_fires_by_itself() -> None:

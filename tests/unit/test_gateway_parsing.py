@@ -27,10 +27,14 @@ def test_chat_request_fields_and_estimate() -> None:
 
 
 def test_content_parts_and_unknown_fields_pass() -> None:
-    raw = orjson.dumps({
-        "model": "m", "ignore_eos": True, "stream_options": {"continuous_usage_stats": True},
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}],
-    })
+    raw = orjson.dumps(
+        {
+            "model": "m",
+            "ignore_eos": True,
+            "stream_options": {"continuous_usage_stats": True},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}],
+        }
+    )
     req = parse_request(raw, chat=True)
     assert req.prompt_tokens_est == 4 + 2
     assert upstream_body(req, raw) == raw  # not a stream: forwarded byte for byte
@@ -90,8 +94,9 @@ def test_retry_after_headers_are_whole_seconds_at_least_one() -> None:
 
 
 def test_reject_response_shape() -> None:
-    resp = reject_response(RejectCode.FAST_REJECT, 4.5, "batch-extraction",
-                           {"X-Sluice-Priority": "2"})
+    resp = reject_response(
+        RejectCode.FAST_REJECT, 4.5, "batch-extraction", {"X-Sluice-Priority": "2"}
+    )
     assert resp.status == 429
     assert resp.headers["Retry-After"] == "5" and resp.headers["retry-after-ms"] == "4500"
     body = orjson.loads(resp.body)

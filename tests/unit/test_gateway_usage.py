@@ -23,33 +23,53 @@ def answer(usage: object, content: str = "hello") -> bytes:
 
 
 def test_vllm_usage_is_read() -> None:
-    body = answer({"prompt_tokens": 12, "total_tokens": 42, "completion_tokens": 30,
-                   "prompt_tokens_details": None})
+    body = answer(
+        {
+            "prompt_tokens": 12,
+            "total_tokens": 42,
+            "completion_tokens": 30,
+            "prompt_tokens_details": None,
+        }
+    )
     assert _usage_of(body) == (12, 30)
 
 
 def test_nested_details_and_spaces_are_read() -> None:
-    nested = {"prompt_tokens_details": {"cached_tokens": 4}, "prompt_tokens": 7,
-              "completion_tokens": 3}
+    nested = {
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+    }
     assert _usage_of(answer(nested)) == (7, 3)
     spaced = b'{"choices": [], "usage" : {"prompt_tokens": 5, "completion_tokens": 2}}'
     assert _usage_of(spaced) == (5, 2)
 
 
 def test_content_that_mentions_usage_does_not_fool_it() -> None:
-    body = answer({"prompt_tokens": 1, "completion_tokens": 2},
-                  content='"usage": {"prompt_tokens": 999, "completion_tokens": 999}')
+    body = answer(
+        {"prompt_tokens": 1, "completion_tokens": 2},
+        content='"usage": {"prompt_tokens": 999, "completion_tokens": 999}',
+    )
     assert _usage_of(body) == (1, 2)
     # usage first, a quoted look-alike after it in the text
-    tricky = (b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}, "choices": [{"text": '
-              b'"\\"usage\\": {\\"prompt_tokens\\": 9}"}]}')
+    tricky = (
+        b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}, "choices": [{"text": '
+        b'"\\"usage\\": {\\"prompt_tokens\\": 9}"}]}'
+    )
     assert _usage_of(tricky) == (3, 4)
 
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"not json", b'{"usage": null}', b'{"usage": 5}', b'{"usage": {"prompt_tokens": '
-     b'"7", "completion_tokens": true}}', answer({}), b'{"choices": []}'],
+    [
+        b"",
+        b"not json",
+        b'{"usage": null}',
+        b'{"usage": 5}',
+        b'{"usage": {"prompt_tokens": "7", "completion_tokens": true}}',
+        answer({}),
+        b'{"choices": []}',
+    ],
 )
 def test_missing_or_odd_usage_gives_none(body: bytes) -> None:
     assert _usage_of(body) == (None, None)
@@ -66,14 +86,19 @@ def test_missing_or_odd_usage_gives_none(body: bytes) -> None:
 def test_any_answer_is_read_as_a_full_parse_would(
     prompt: int, completion: int, content: str, details: object
 ) -> None:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-             "prompt_tokens_details": details}
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "prompt_tokens_details": details,
+    }
     assert _usage_of(answer(usage, content)) == (prompt, completion)
 
 
 def test_the_usage_chunk_is_cut_from_a_stream_the_client_did_not_ask_it_for() -> None:
-    events = (b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
-              b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n')
+    events = (
+        b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    )
     kept, usage = _take_usage(events, strip=True)
     assert usage == (3, 1)
     assert kept == b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'

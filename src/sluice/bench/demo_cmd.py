@@ -14,10 +14,14 @@ from sluice.bench import bench_cmd
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", metavar="DIR",
-                        help="report folder (default: reports/demo-<timestamp>)")
-    parser.add_argument("--no-compare", action="store_true",
-                        help="run only through Sluice, not also straight to the backends")
+    parser.add_argument(
+        "--out", metavar="DIR", help="report folder (default: reports/demo-<timestamp>)"
+    )
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="run only through Sluice, not also straight to the backends",
+    )
     parser.add_argument("--seed", type=int, default=None)
 
 
@@ -32,8 +36,11 @@ def run(args: argparse.Namespace) -> int:
         "batch; steady at 0.7x capacity, a 20 s burst at 3x, then recovery.\n"
         "Through Sluice, P0 should keep its latency, P2 be refused first with an accurate "
         "Retry-After (and come back), and the backends never preempt."
-        + ("" if args.no_compare else
-           " Then the same traffic goes straight to the backends, for comparison.")
+        + (
+            ""
+            if args.no_compare
+            else " Then the same traffic goes straight to the backends, for comparison."
+        )
     )
     bench_args = argparse.Namespace(
         scenario="demo",

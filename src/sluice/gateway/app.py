@@ -56,8 +56,12 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 
 class Gateway:
-    def __init__(self, policy: Policy, policy_path: str | None = None,
-                 backends_override: tuple[Backend, ...] | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        policy_path: str | None = None,
+        backends_override: tuple[Backend, ...] | None = None,
+    ) -> None:
         if backends_override:
             policy = policy.model_copy(update={"backends": backends_override})
         self.policy = policy
@@ -72,11 +76,17 @@ class Gateway:
         self.quota_gate: SharedQuotaGate | None = None
         if policy.redis is not None:
             self.quota_gate = SharedQuotaGate(
-                policy.redis.url, policy.tenants, self.clock,
-                on_mode=self.telemetry.set_quota_mode, on_error=self.telemetry.quota_error)
+                policy.redis.url,
+                policy.tenants,
+                self.clock,
+                on_mode=self.telemetry.set_quota_mode,
+                on_error=self.telemetry.quota_error,
+            )
         self.controller = Controller(
-            policy, self.clock,
-            quotas=self.quota_gate.controller_quotas if self.quota_gate else None)
+            policy,
+            self.clock,
+            quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
+        )
         self.keyring = KeyRing(policy)
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
@@ -94,17 +104,24 @@ class Gateway:
         # Idle upstream connections are closed after 4 s: before the backend's own keep-alive
         # timeout (vLLM's uvicorn: 5 s) can close one under a request being sent on it,
         # which would look like a backend that went away.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S,
-                                         ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(
+            limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S, ttl_dns_cache=300
+        )
         # The relay bounds each call with the request's own deadline; the session adds
         # only a connect timeout for new connections (no per-request timer of its own).
         self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
         )
         self.pool = BackendPool(
-            list(self.policy.backends), self.controller, self.session, self.clock,
-            self.policy.scraper, on_change=self.bridge.pump,
+            list(self.policy.backends),
+            self.controller,
+            self.session,
+            self.clock,
+            self.policy.scraper,
+            on_change=self.bridge.pump,
             on_capacity=lambda fraction: self.features.set_healthy_fraction(fraction),
             on_breaker=self.telemetry.breaker_changed,
         )
@@ -115,8 +132,9 @@ class Gateway:
         self.telemetry.start()
         self._flusher = asyncio.create_task(self._flush_access_log(), name="access-log")
         if self.policy_path is not None:
-            self.watcher = PolicyWatcher(self.policy_path, self.apply_policy,
-                                         self.telemetry.policy_reloaded)
+            self.watcher = PolicyWatcher(
+                self.policy_path, self.apply_policy, self.telemetry.policy_reloaded
+            )
             self.watcher.start()
         # Everything loaded so far lives as long as the process: keep it out of the
         # collector's full passes, which otherwise walk it again and again under load.
@@ -191,12 +209,14 @@ class Gateway:
             {"id": m, "object": "model", "created": 0, "owned_by": "sluice"}
             for m in sorted(self.pool.known_models())
         ]
-        return web.Response(body=orjson.dumps({"object": "list", "data": data}),
-                            content_type="application/json")
+        return web.Response(
+            body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
+        )
 
     async def metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self.telemetry.render(),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=self.telemetry.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -209,48 +229,70 @@ class Gateway:
         return web.json_response(body, status=200 if ready else 503)
 
     async def dashboard(self, _request: web.Request) -> web.FileResponse:
-        return web.FileResponse(STATIC_DIR / "dashboard.html",
-                                headers={"Cache-Control": "no-cache"})
+        return web.FileResponse(
+            STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-cache"}
+        )
 
     async def dashboard_state(self, _request: web.Request) -> web.Response:
         """What the dashboard draws: the controller's snapshot plus cumulative counters
         (the page turns them into rates from one poll to the next)."""
-        body = {"t": self.clock.now(), "controller": self.controller.snapshot(),
-                "counters": self.telemetry.counters()}
-        return web.Response(body=orjson.dumps(body), content_type="application/json",
-                            headers={"Cache-Control": "no-store"})
+        body = {
+            "t": self.clock.now(),
+            "controller": self.controller.snapshot(),
+            "counters": self.telemetry.counters(),
+        }
+        return web.Response(
+            body=orjson.dumps(body),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     def _admin(self, request: web.Request) -> web.Response | None:
         key = KeyRing.bearer(request.headers.get("Authorization"))
         if key is None or not self.keyring.is_admin(key):
-            return error_response(401, "An admin key is required (Authorization: Bearer).",
-                                  "invalid_admin_key")
+            return error_response(
+                401, "An admin key is required (Authorization: Bearer).", "invalid_admin_key"
+            )
         return None
 
     async def admin_reload(self, request: web.Request) -> web.Response:
         if (denied := self._admin(request)) is not None:
             return denied
         if self.watcher is None:
-            return error_response(409, "The gateway runs on its built-in policy; there is "
-                                  "no file to reload (start it with --config).", "no_policy_file")
+            return error_response(
+                409,
+                "The gateway runs on its built-in policy; there is "
+                "no file to reload (start it with --config).",
+                "no_policy_file",
+            )
         applied, errors = self.watcher.reload(force=True)
         status = 200 if applied else 422
-        return web.json_response({"reloaded": applied, "errors": errors,
-                                  "path": str(self.watcher.path)}, status=status)
+        return web.json_response(
+            {"reloaded": applied, "errors": errors, "path": str(self.watcher.path)}, status=status
+        )
 
     async def admin_state(self, request: web.Request) -> web.Response:
         if (denied := self._admin(request)) is not None:
             return denied
         assert self.pool is not None
         backends = {
-            h.name: {"url": h.url, "healthy": h.healthy, "models": sorted(h.models),
-                     "metrics_fresh": h.metrics_ok, "breaker": h.breaker.state.value}
+            h.name: {
+                "url": h.url,
+                "healthy": h.healthy,
+                "models": sorted(h.models),
+                "metrics_fresh": h.metrics_ok,
+                "breaker": h.breaker.state.value,
+            }
             for h in self.pool.backends.values()
         }
         features = {name: b.state.value for name, b in self.features.breakers.items()}
-        body = {"controller": self.controller.snapshot(), "backends": backends,
-                "feature_breakers": features, "policy_path": self.policy_path,
-                "draining": self.draining}
+        body = {
+            "controller": self.controller.snapshot(),
+            "backends": backends,
+            "feature_breakers": features,
+            "policy_path": self.policy_path,
+            "draining": self.draining,
+        }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     # --- the request path ----------------------------------------------------------------
@@ -275,8 +317,9 @@ class Gateway:
             if self.quota_gate is not None and (ticket := request.get(QUOTA_TICKET)):
                 ticket.close()  # gives back to the shared quota what was not used
 
-    async def _serve(self, request: web.Request, chat: bool, started: float,
-                     fields: dict[str, Any]) -> web.StreamResponse:
+    async def _serve(
+        self, request: web.Request, chat: bool, started: float, fields: dict[str, Any]
+    ) -> web.StreamResponse:
         tenant = self._tenant(request)
         if tenant is None:
             return _unauthorized()
@@ -285,20 +328,30 @@ class Gateway:
         asked = request.headers.get("X-Priority")
         if asked is not None:
             if asked.strip() not in ("0", "1", "2"):
-                return error_response(400, "X-Priority must be 0, 1 or 2", "invalid_priority",
-                                      {"X-Sluice-Priority": str(priority)})
+                return error_response(
+                    400,
+                    "X-Priority must be 0, 1 or 2",
+                    "invalid_priority",
+                    {"X-Sluice-Priority": str(priority)},
+                )
             if int(asked) < tenant.priority:
                 return error_response(
-                    403, f"this key may ask for priority {tenant.priority} or lower (a higher "
-                    "number), not " + asked.strip(), "priority_not_allowed",
+                    403,
+                    f"this key may ask for priority {tenant.priority} or lower (a higher "
+                    "number), not " + asked.strip(),
+                    "priority_not_allowed",
                     {"X-Sluice-Priority": str(priority)},
                 )
             priority = int(asked)
         headers = {"X-Sluice-Priority": str(priority)}
         fields["priority"] = priority
         if self.draining:
-            return error_response(503, "The gateway is shutting down; retry on another "
-                                  "replica.", "shutting_down", {**headers, "Retry-After": "1"})
+            return error_response(
+                503,
+                "The gateway is shutting down; retry on another replica.",
+                "shutting_down",
+                {**headers, "Retry-After": "1"},
+            )
 
         try:
             if request.content.is_eof():
@@ -308,12 +361,15 @@ class Gateway:
                     raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return error_response(
-                413, f"the body is larger than {self.policy.server.max_body_bytes} bytes",
-                "body_too_large", headers,
+                413,
+                f"the body is larger than {self.policy.server.max_body_bytes} bytes",
+                "body_too_large",
+                headers,
             )
         except TimeoutError:
-            return error_response(408, "the request body was not received in time",
-                                  "request_timeout", headers)
+            return error_response(
+                408, "the request body was not received in time", "request_timeout", headers
+            )
         try:
             parsed = parse_request(raw, chat)
             first_byte_s, total_s = _client_timeouts(request)
@@ -322,11 +378,13 @@ class Gateway:
 
         assert self.pool is not None and self.relay is not None
         if not self.pool.serves(parsed.model):
-            return error_response(404, f"The model `{parsed.model}` does not exist.",
-                                  "model_not_found", headers)
+            return error_response(
+                404, f"The model `{parsed.model}` does not exist.", "model_not_found", headers
+            )
 
-        feature = self.features.resolve(request.headers.get("X-Sluice-Feature"), tenant,
-                                        parsed.model)
+        feature = self.features.resolve(
+            request.headers.get("X-Sluice-Feature"), tenant, parsed.model
+        )
         feature_name = feature.name if feature else None
         breaker = self.features.breaker(feature)
         if breaker is not None and not breaker.allow():
@@ -343,17 +401,20 @@ class Gateway:
         body = upstream_body(parsed, raw)
         base_id = f"{self._id_prefix}-{next(self._ids)}"
         headers["X-Request-Id"] = base_id
-        fields.update(request_id=base_id, model=parsed.model, stream=parsed.stream,
-                      feature=feature_name)
+        fields.update(
+            request_id=base_id, model=parsed.model, stream=parsed.stream, feature=feature_name
+        )
         queued_total = 0.0
         ticket = None
         if self.quota_gate is not None and self.quota_gate.limits(tenant.name):
             ticket = await self.quota_gate.acquire(
-                tenant.name, parsed.prompt_tokens_est + (parsed.max_tokens or DEFAULT_MAX_TOKENS))
+                tenant.name, parsed.prompt_tokens_est + (parsed.max_tokens or DEFAULT_MAX_TOKENS)
+            )
             if not ticket.ok:
                 fields["outcome"] = RejectCode.TENANT_QUOTA.value
-                return self._rejected(priority, RejectCode.TENANT_QUOTA, ticket.retry_after_s,
-                                      headers, breaker)
+                return self._rejected(
+                    priority, RejectCode.TENANT_QUOTA, ticket.retry_after_s, headers, breaker
+                )
             request[QUOTA_TICKET] = ticket  # closed by _complete on every way out
         # A request that failed before anything reached its client is tried once more on
         # another backend; after the first byte it is never replayed.
@@ -387,8 +448,9 @@ class Gateway:
                 if failed is not None:
                     return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = admission.code.value
-                return self._rejected(priority, admission.code, admission.retry_after_s,
-                                      headers, breaker)
+                return self._rejected(
+                    priority, admission.code, admission.retry_after_s, headers, breaker
+                )
             decision = await self.bridge.wait(request_id)
             queued_total += decision.queued_s
             headers["X-Sluice-Queue-Ms"] = str(round(queued_total * 1000))
@@ -398,16 +460,27 @@ class Gateway:
                 if failed is not None:
                     return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = decision.code.value
-                return self._rejected(priority, decision.code, decision.retry_after_s,
-                                      headers, breaker)
+                return self._rejected(
+                    priority, decision.code, decision.retry_after_s, headers, breaker
+                )
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
             headers["X-Sluice-Backend"] = decision.backend
             fields.update(backend=decision.backend, attempt=attempt + 1)
             fields["outcome"] = "cancelled"  # until the relay says otherwise
             if ticket is not None:
                 ticket.ran = True
-            result = await self._forward(request, request_id, priority, decision.backend,
-                                         chat, parsed, body, headers, started, deadline)
+            result = await self._forward(
+                request,
+                request_id,
+                priority,
+                decision.backend,
+                chat,
+                parsed,
+                body,
+                headers,
+                started,
+                deadline,
+            )
             if ticket is not None:
                 ticket.used(result.prompt_tokens, result.completion_tokens)
             if breaker is not None:
@@ -425,10 +498,8 @@ class Gateway:
                     fields["outcome"] = "fallback"
                     # Non-core: answer from the fallback now and keep what capacity is
                     # left for core traffic.
-                    return await self._fallback(request, parsed, feature, chat, headers,
-                                                started)
-                if attempt + 1 < MAX_ATTEMPTS and (deadline is None
-                                                   or self.clock.now() < deadline):
+                    return await self._fallback(request, parsed, feature, chat, headers, started)
+                if attempt + 1 < MAX_ATTEMPTS and (deadline is None or self.clock.now() < deadline):
                     self.telemetry.outcome(priority, "retried_on_other_backend")
                     failed = result
                     continue
@@ -438,9 +509,17 @@ class Gateway:
         raise AssertionError("unreachable: the last attempt returns")
 
     async def _forward(
-        self, request: web.Request, request_id: str, priority: int, backend_name: str,
-        chat: bool, parsed: ParsedRequest, body: bytes, headers: dict[str, str],
-        started: float, deadline: float | None,
+        self,
+        request: web.Request,
+        request_id: str,
+        priority: int,
+        backend_name: str,
+        chat: bool,
+        parsed: ParsedRequest,
+        body: bytes,
+        headers: dict[str, str],
+        started: float,
+        deadline: float | None,
     ) -> RelayResult:
         assert self.pool is not None and self.relay is not None
         backend = self.pool.handle(backend_name)
@@ -469,14 +548,19 @@ class Gateway:
             self.telemetry.outcome(priority, Outcome.CANCELLED.value)
             self.bridge.pump()
             raise
-        self.controller.on_finish(request_id, result.outcome, result.prompt_tokens,
-                                  result.completion_tokens)
+        self.controller.on_finish(
+            request_id, result.outcome, result.prompt_tokens, result.completion_tokens
+        )
         self.pool.record(backend, result.outcome, lost=result.backend_lost)
         self.bridge.pump()
         return result
 
     def _retry_gave_up(
-        self, failed: RelayResult, priority: int, started: float, fields: dict[str, Any],
+        self,
+        failed: RelayResult,
+        priority: int,
+        started: float,
+        fields: dict[str, Any],
         headers: dict[str, str],
     ) -> web.StreamResponse:
         """A retry found no slot in time: the client gets the first attempt's answer."""
@@ -488,8 +572,12 @@ class Gateway:
         return failed.response
 
     def _rejected(
-        self, priority: int, code: RejectCode, retry_after_s: float,
-        headers: dict[str, str], breaker: CircuitBreaker | None,
+        self,
+        priority: int,
+        code: RejectCode,
+        retry_after_s: float,
+        headers: dict[str, str],
+        breaker: CircuitBreaker | None,
     ) -> web.Response:
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
@@ -498,32 +586,46 @@ class Gateway:
         return reject_response(code, retry_after_s, self.policy.queue(priority).name, headers)
 
     async def _fallback(
-        self, request: web.Request, parsed: ParsedRequest, feature: Feature | None, chat: bool,
-        headers: dict[str, str], started: float,
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        feature: Feature | None,
+        chat: bool,
+        headers: dict[str, str],
+        started: float,
     ) -> web.StreamResponse:
         assert feature is not None and feature.fallback is not None
         priority = int(headers["X-Sluice-Priority"])
         self.telemetry.fallbacks.labels(feature.name).inc()
         self.telemetry.outcome(priority, "fallback")
         if feature.fallback.static is not None:
-            return await static_fallback(request, parsed, feature.fallback.static, chat,
-                                         headers)
+            return await static_fallback(request, parsed, feature.fallback.static, chat, headers)
         assert self.pool is not None and self.relay is not None and feature.fallback.backend
         handle = self.pool.handle(feature.fallback.backend)
         body = dict(parsed.body)
         if handle.models:
             body["model"] = sorted(handle.models)[0]
-        small = ParsedRequest(body=body, model=body["model"], stream=parsed.stream,
-                              include_usage=parsed.include_usage,
-                              max_tokens=parsed.max_tokens,
-                              prompt_tokens_est=parsed.prompt_tokens_est)
+        small = ParsedRequest(
+            body=body,
+            model=body["model"],
+            stream=parsed.stream,
+            include_usage=parsed.include_usage,
+            max_tokens=parsed.max_tokens,
+            prompt_tokens_est=parsed.prompt_tokens_est,
+        )
         ctx = RelayContext(
-            request=request, request_id=f"fallback-{next(self._ids)}", priority=priority,
-            backend=handle, path="/v1/chat/completions" if chat else "/v1/completions",
-            body=upstream_body(small, orjson.dumps(body)), stream=parsed.stream,
+            request=request,
+            request_id=f"fallback-{next(self._ids)}",
+            priority=priority,
+            backend=handle,
+            path="/v1/chat/completions" if chat else "/v1/completions",
+            body=upstream_body(small, orjson.dumps(body)),
+            stream=parsed.stream,
             strip_usage=parsed.stream and not parsed.include_usage,
-            headers={**headers, "X-Sluice-Fallback": "model"}, started=started,
-            deadline=None, default_timeout=self.policy.server.upstream_timeout,
+            headers={**headers, "X-Sluice-Fallback": "model"},
+            started=started,
+            deadline=None,
+            default_timeout=self.policy.server.upstream_timeout,
         )
         result = await self.relay.forward(ctx, on_first_token=lambda: None)
         return result.response
@@ -574,16 +676,21 @@ def _client_timeouts(request: web.Request) -> tuple[float | None, float | None]:
 def _retry_attempt(request: web.Request) -> tuple[int, str] | None:
     """Which retry this is, and which client made it: Sluice's SDK sends X-Sluice-Retry,
     the openai SDK x-stainless-retry-count."""
-    for header, client in (("X-Sluice-Retry", "sluice-sdk"),
-                           ("X-Stainless-Retry-Count", "openai-sdk")):
+    for header, client in (
+        ("X-Sluice-Retry", "sluice-sdk"),
+        ("X-Stainless-Retry-Count", "openai-sdk"),
+    ):
         value = request.headers.get(header)
         if value is not None and value.isdigit() and int(value) > 0:
             return min(int(value), 1000), client
     return None
 
 
-def create_app(policy: Policy, policy_path: str | None = None,
-               backends_override: tuple[Backend, ...] | None = None) -> web.Application:
+def create_app(
+    policy: Policy,
+    policy_path: str | None = None,
+    backends_override: tuple[Backend, ...] | None = None,
+) -> web.Application:
     gateway = Gateway(policy, policy_path, backends_override)
     app = web.Application(client_max_size=policy.server.max_body_bytes)
     app[GATEWAY_KEY] = gateway
@@ -591,4 +698,3 @@ def create_app(policy: Policy, policy_path: str | None = None,
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     return app
-

@@ -22,8 +22,13 @@ def _free_port(host: str) -> int:
 
 
 class EmbeddedBackends:
-    def __init__(self, count: int = 2, profile: str = "h100-llama3-8b", speed: float = 1.0,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        count: int = 2,
+        profile: str = "h100-llama3-8b",
+        speed: float = 1.0,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.count = count
         self.profile = PROFILES[profile]
         self.profile_name = profile
@@ -34,8 +39,12 @@ class EmbeddedBackends:
 
     async def start(self) -> list[Backend]:
         for i in range(self.count):
-            app = create_sim_app(dataclasses.replace(self.profile), seed=i, speed=self.speed,
-                                 model_name=EMBEDDED_MODEL)
+            app = create_sim_app(
+                dataclasses.replace(self.profile),
+                seed=i,
+                speed=self.speed,
+                model_name=EMBEDDED_MODEL,
+            )
             runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
             await runner.setup()
             port = _free_port(self.host)

@@ -27,8 +27,12 @@ _TYPES = {
 
 
 def error_body(status: int, message: str, code: str | None) -> bytes:
-    err = {"message": message, "type": _TYPES.get(status, "server_error"), "code": code,
-           "param": None}
+    err = {
+        "message": message,
+        "type": _TYPES.get(status, "server_error"),
+        "code": code,
+        "param": None,
+    }
     return orjson.dumps({"error": err})
 
 

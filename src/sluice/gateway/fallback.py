@@ -35,29 +35,54 @@ async def static_fallback(
     headers = {**headers, "X-Sluice-Fallback": "static"}
     if not parsed.stream:
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": "stop"}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
-        body = {"id": ident, "object": "chat.completion" if chat else "text_completion",
-                "created": created, "model": parsed.model, "choices": [choice],
-                "usage": usage}
-        return web.Response(body=orjson.dumps(body), content_type="application/json",
-                            headers=headers)
+        body = {
+            "id": ident,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": parsed.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+        return web.Response(
+            body=orjson.dumps(body), content_type="application/json", headers=headers
+        )
 
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choices: list[dict[str, object]], **extra: object) -> bytes:
-        payload = {"id": ident, "object": obj, "created": created, "model": parsed.model,
-                   "choices": choices, **extra}
+        payload = {
+            "id": ident,
+            "object": obj,
+            "created": created,
+            "model": parsed.model,
+            "choices": choices,
+            **extra,
+        }
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
     if chat:
         events = [
-            chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None, "finish_reason": None}]),
-            chunk([{"index": 0, "delta": {"content": text}, "logprobs": None,
-                    "finish_reason": None}]),
+            chunk(
+                [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            ),
+            chunk(
+                [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]
+            ),
             chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]),
         ]
     else:

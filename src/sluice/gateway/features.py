@@ -14,16 +14,22 @@ log = logging.getLogger("sluice.features")
 
 
 class Features:
-    def __init__(self, policy: Policy, clock: Clock,
-                 on_change: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self, policy: Policy, clock: Clock, on_change: Callable[[str, str], None] | None = None
+    ) -> None:
         b = policy.breakers
-        settings = BreakerSettings(window_s=b.window, error_rate=b.error_rate,
-                                   min_requests=b.min_requests, shed_for_s=b.shed_for,
-                                   open_for_s=b.open_for)
+        settings = BreakerSettings(
+            window_s=b.window,
+            error_rate=b.error_rate,
+            min_requests=b.min_requests,
+            shed_for_s=b.shed_for,
+            open_for_s=b.open_for,
+        )
         self._degrade_below = b.degrade_below_healthy
         self._by_name = {f.name: f for f in policy.features}
         self._by_model = {m: f for f in policy.features for m in f.models}
         self._by_tenant = {t: f for f in policy.features for t in f.tenants}
+
         def changed(name: str, state: BreakerState) -> None:
             _log_change(name, state)
             if on_change is not None:

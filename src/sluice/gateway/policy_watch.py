@@ -27,8 +27,12 @@ POLL_INTERVAL_S = 0.5
 
 
 class PolicyWatcher:
-    def __init__(self, path: str | Path, apply: Callable[[Policy], None],
-                 on_result: Callable[[bool, list[str]], None]) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        apply: Callable[[Policy], None],
+        on_result: Callable[[bool, list[str]], None],
+    ) -> None:
         self.path = Path(path)
         self._apply = apply
         self._on_result = on_result
@@ -57,8 +61,11 @@ class PolicyWatcher:
         try:
             policy = load_policy(self.path)
         except ConfigError as exc:
-            log.error("policy %s refused, the previous one stays in force: %s",
-                      self.path, "; ".join(exc.errors))
+            log.error(
+                "policy %s refused, the previous one stays in force: %s",
+                self.path,
+                "; ".join(exc.errors),
+            )
             self._on_result(False, exc.errors)
             return False, exc.errors
         self._digest = digest

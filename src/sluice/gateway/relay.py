@@ -62,9 +62,7 @@ class Relay:
         self._session = session
         self._telemetry = telemetry
 
-    async def forward(
-        self, ctx: RelayContext, on_first_token: Callable[[], None]
-    ) -> RelayResult:
+    async def forward(self, ctx: RelayContext, on_first_token: Callable[[], None]) -> RelayResult:
         timeout = ctx.default_timeout
         if ctx.deadline is not None:
             timeout = min(timeout, ctx.deadline - time.monotonic())
@@ -73,8 +71,7 @@ class Relay:
         url = ctx.backend.url + ctx.path
         try:
             async with asyncio.timeout(max(0.001, timeout)):
-                async with self._session.post(url, data=ctx.body,
-                                              headers=_UPSTREAM_HEADERS) as up:
+                async with self._session.post(url, data=ctx.body, headers=_UPSTREAM_HEADERS) as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
@@ -83,8 +80,14 @@ class Relay:
         except TimeoutError:
             # the request's deadline (asyncio.timeout), or aiohttp's connect timeout
             self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
-            return await self._fail(ctx, state, 504, "The backend did not answer within the "
-                                    "request's deadline.", "upstream_timeout", Outcome.TIMEOUT)
+            return await self._fail(
+                ctx,
+                state,
+                504,
+                "The backend did not answer within the request's deadline.",
+                "upstream_timeout",
+                Outcome.TIMEOUT,
+            )
         except asyncio.CancelledError:
             # The client hung up: leaving the `async with` closed the upstream connection,
             # which makes vLLM abort the request.
@@ -93,17 +96,23 @@ class Relay:
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnect"
             self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
-            result = await self._fail(ctx, state, 502, f"The backend failed: {exc}",
-                                      "upstream_error", Outcome.ERROR)
+            result = await self._fail(
+                ctx, state, 502, f"The backend failed: {exc}", "upstream_error", Outcome.ERROR
+            )
             result.backend_lost = True
             return result
         except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError, OSError) as exc:
             if state.client_gone:
                 raise
             self._telemetry.upstream_errors.labels(ctx.backend.name, "stream").inc()
-            result = await self._fail(ctx, state, 502,
-                                      f"The backend's answer broke off: {exc}",
-                                      "upstream_error", Outcome.ERROR)
+            result = await self._fail(
+                ctx,
+                state,
+                502,
+                f"The backend's answer broke off: {exc}",
+                "upstream_error",
+                Outcome.ERROR,
+            )
             result.backend_lost = True
             return result
 
@@ -111,9 +120,12 @@ class Relay:
         data = await up.read()
         usage = _usage_of(data)
         response = web.Response(
-            body=data, status=200,
-            headers={**ctx.headers, "Content-Type": up.headers.get("Content-Type",
-                                                                   "application/json")},
+            body=data,
+            status=200,
+            headers={
+                **ctx.headers,
+                "Content-Type": up.headers.get("Content-Type", "application/json"),
+            },
         )
         return RelayResult(response, Outcome.OK, *usage)
 
@@ -145,8 +157,11 @@ class Relay:
                 on_first_token()
                 response = state.response = web.StreamResponse(
                     status=200,
-                    headers={**ctx.headers, "Content-Type": "text/event-stream",
-                             "Cache-Control": "no-cache"},
+                    headers={
+                        **ctx.headers,
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                    },
                 )
                 await response.prepare(ctx.request)
             if _USAGE_ONLY in chunk:
@@ -171,9 +186,7 @@ class Relay:
             state.client_gone = True
             raise asyncio.CancelledError from None
 
-    async def _backend_refused(
-        self, ctx: RelayContext, up: aiohttp.ClientResponse
-    ) -> RelayResult:
+    async def _backend_refused(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
         data = await up.read()
         if up.status in (429, 503):
             self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
@@ -181,23 +194,37 @@ class Relay:
         if 400 <= up.status < 500:
             # The client's mistake (prompt too long, bad field): relay it as the backend gave it.
             response = web.Response(
-                body=data, status=up.status,
-                headers={**ctx.headers, "Content-Type": up.headers.get("Content-Type",
-                                                                       "application/json")},
+                body=data,
+                status=up.status,
+                headers={
+                    **ctx.headers,
+                    "Content-Type": up.headers.get("Content-Type", "application/json"),
+                },
             )
             return RelayResult(response, Outcome.CLIENT_ERROR)
         self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
         message = f"The backend answered HTTP {up.status}: {_error_message(data)}"
-        return RelayResult(error_response(502, message, "upstream_error", ctx.headers),
-                           Outcome.ERROR, retryable=True)
+        return RelayResult(
+            error_response(502, message, "upstream_error", ctx.headers),
+            Outcome.ERROR,
+            retryable=True,
+        )
 
     async def _fail(
-        self, ctx: RelayContext, state: _StreamState, status: int, message: str, code: str,
+        self,
+        ctx: RelayContext,
+        state: _StreamState,
+        status: int,
+        message: str,
+        code: str,
         outcome: Outcome,
     ) -> RelayResult:
         if state.response is None:
-            return RelayResult(error_response(status, message, code, ctx.headers), outcome,
-                               retryable=outcome is Outcome.ERROR)
+            return RelayResult(
+                error_response(status, message, code, ctx.headers),
+                outcome,
+                retryable=outcome is Outcome.ERROR,
+            )
         # Streaming already began: end the stream with an error event the client can see.
         event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
         with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
@@ -218,8 +245,11 @@ _WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
 def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
     message = f"The backend is overloaded ({detail}); retry shortly."
     headers = {**ctx.headers, **retry_after_headers(1.0)}
-    return RelayResult(error_response(503, message, "backend_overloaded", headers),
-                       Outcome.OVERLOADED, retryable=True)
+    return RelayResult(
+        error_response(503, message, "backend_overloaded", headers),
+        Outcome.OVERLOADED,
+        retryable=True,
+    )
 
 
 def _error_message(data: bytes) -> str:
