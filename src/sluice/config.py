@@ -8,6 +8,7 @@ seed's camelCase style; Python code uses the snake_case attribute names.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -126,6 +127,15 @@ class Backend(_Model):
     # Models served; empty = learn them from the backend's GET /v1/models.
     models: list[str] = Field(default_factory=list)
     weight: float = Field(default=1.0, gt=0)
+    # The environment variable holding the key the backend requires (vLLM's --api-key):
+    # sent as `Authorization: Bearer ...` on its /v1 routes. A name, never the key itself,
+    # so that the policy file holds no secret.
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    def auth_headers(self) -> dict[str, str]:
+        """What the gateway sends the backend to be let in (empty without a key)."""
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class Admin(_Model):
@@ -326,6 +336,18 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         return Policy.model_validate(mapping)
     except ValidationError as exc:
         raise ConfigError(source, _format_errors(exc)) from exc
+
+
+def missing_environment(policy: Policy) -> list[str]:
+    """What a policy needs from the process's environment and does not find there, as
+    'field.path: reason' lines. `sluice serve` refuses to start (and a reload is refused)
+    on any; `sluice check-config` only warns, as it may run where the secrets are not."""
+    return [
+        f"backends.{i}.apiKeyEnv: the environment variable {b.api_key_env} "
+        "(the backend's API key) is not set or empty"
+        for i, b in enumerate(policy.backends)
+        if b.api_key_env and not os.environ.get(b.api_key_env)
+    ]
 
 
 def load_policy(path: str | Path) -> Policy:

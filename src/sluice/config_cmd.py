@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sluice.config import ConfigError, load_policy
+from sluice.config import ConfigError, load_policy, missing_environment
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +20,9 @@ def run(args: argparse.Namespace) -> int:
         for line in exc.errors:
             print(f"  {line}", file=sys.stderr)
         return 1
+    for line in missing_environment(policy):
+        # a deploy check may run where the secrets are not: `sluice serve` refuses these
+        print(f"{args.path}: warning: {line}", file=sys.stderr)
     ordered = sorted(policy.queues, key=lambda q: q.priority)
     queues = ", ".join(f"P{q.priority} {q.name}" for q in ordered)
     print(

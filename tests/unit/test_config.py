@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sluice.config import ConfigError, DropPolicy, load_policy, parse_duration, parse_policy
+from sluice.config import (
+    ConfigError,
+    DropPolicy,
+    load_policy,
+    missing_environment,
+    parse_duration,
+    parse_policy,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,3 +164,47 @@ def test_check_config_command(tmp_path: Path) -> None:
         text=True,
     )
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+KEYED = """
+backends:
+  - {name: a, url: "http://10.0.0.1:8000", apiKeyEnv: SLUICE_TEST_KEY_A}
+  - {name: b, url: "http://10.0.0.2:8000"}
+"""
+
+
+def test_a_backend_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = parse_policy(KEYED)
+    a, b = policy.backends
+    monkeypatch.delenv("SLUICE_TEST_KEY_A", raising=False)
+    assert missing_environment(policy) == [
+        "backends.0.apiKeyEnv: the environment variable SLUICE_TEST_KEY_A (the backend's "
+        "API key) is not set or empty"
+    ]
+    assert a.auth_headers() == {} and b.auth_headers() == {}
+    monkeypatch.setenv("SLUICE_TEST_KEY_A", "k-123")
+    assert missing_environment(policy) == []
+    assert a.auth_headers() == {"Authorization": "Bearer k-123"}
+    assert b.auth_headers() == {}
+
+
+def test_a_backend_key_is_named_not_written_in_the_policy(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_policy('backends: [{name: a, url: "http://h:1", apiKeyEnv: "sk-live 123"}]')
+    assert err.value.errors[0].startswith("backends.0.apiKeyEnv: String should match pattern")
+    with pytest.raises(ConfigError) as err:
+        parse_policy('backends: [{name: a, url: "http://h:1", apiKey: "sk-live-123"}]')
+    assert err.value.errors == ["backends.0.apiKey: Extra inputs are not permitted"]
+    # check-config may run where the secret is not: it warns and passes
+    path = tmp_path / "keyed.yaml"
+    path.write_text(KEYED)
+    res = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "SLUICE_TEST_KEY_A"},
+    )
+    assert res.returncode == 0, res.stderr
+    assert "warning: backends.0.apiKeyEnv: the environment variable SLUICE_TEST_KEY_A" in (
+        res.stderr
+    )

@@ -111,6 +111,9 @@ class Gateway:
         # only a connect timeout for new connections (no per-request timer of its own).
         self.session = aiohttp.ClientSession(
             connector=connector,
+            # Every tenant's request shares this session: a cookie a backend (or a sticky
+            # load balancer before it) sets must not be replayed on the next tenant's.
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),

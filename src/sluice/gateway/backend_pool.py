@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -54,6 +55,27 @@ class Probe(Enum):
     SLOW = "slow"  # timed out: counts only if the backend shows no other sign of life
 
 
+_AUTH_WARNED: dict[str, float] = {}
+_AUTH_WARN_EVERY_S = 60.0
+
+
+def warn_credentials_refused(backend: str, status: int) -> None:
+    """Log a backend's refusals of the gateway's key at most once a minute per backend
+    (they come with every request)."""
+    now = time.monotonic()
+    if now - _AUTH_WARNED.get(backend, -math.inf) >= _AUTH_WARN_EVERY_S:
+        _AUTH_WARNED[backend] = now
+        log.error(
+            "backend %s refuses the gateway's credentials (HTTP %d): check its apiKeyEnv",
+            backend,
+            status,
+        )
+
+
+# What the relay sends with every completion request (plus the backend's key).
+POST_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
 @dataclass
 class BackendHandle:
     spec: Backend
@@ -68,6 +90,9 @@ class BackendHandle:
     breaker: CircuitBreaker = field(
         default_factory=lambda: CircuitBreaker("backend", MonotonicClock(), BACKEND_BREAKER)
     )
+    # Headers for its /v1 routes: the backend's own key, if it has one (set_backends).
+    auth_headers: dict[str, str] = field(default_factory=dict)
+    post_headers: dict[str, str] = field(default_factory=lambda: dict(POST_HEADERS))
 
     @classmethod
     def create(cls, spec: Backend, on_breaker: Callable[[str, str], None]) -> BackendHandle:
@@ -120,7 +145,10 @@ class BackendPool:
             b.name: old.get(b.name) or BackendHandle.create(b, self._on_breaker) for b in backends
         }
         for b in backends:
-            self.backends[b.name].spec = b
+            h = self.backends[b.name]
+            h.spec = b
+            h.auth_headers = b.auth_headers()
+            h.post_headers = {**POST_HEADERS, **h.auth_headers}
             if b.models:
                 self.backends[b.name].models = set(b.models)
         self._controller.set_backends(list(self.backends))
@@ -270,8 +298,12 @@ class BackendPool:
     async def _fetch_models(self, h: BackendHandle) -> set[str] | None:
         try:
             async with self._session.get(
-                f"{h.url}/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)
+                f"{h.url}/v1/models",
+                headers=h.auth_headers,
+                timeout=aiohttp.ClientTimeout(total=2.0),
             ) as r:
+                if r.status in (401, 403):
+                    warn_credentials_refused(h.name, r.status)
                 if r.status != 200:
                     return None
                 body = orjson.loads(await r.read())

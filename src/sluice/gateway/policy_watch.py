@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice.config import ConfigError, Policy, load_policy
+from sluice.config import ConfigError, Policy, load_policy, missing_environment
 
 log = logging.getLogger("sluice.reload")
 POLL_INTERVAL_S = 0.5
@@ -60,6 +60,8 @@ class PolicyWatcher:
             return False, []
         try:
             policy = load_policy(self.path)
+            if missing := missing_environment(policy):
+                raise ConfigError(str(self.path), missing)
         except ConfigError as exc:
             log.error(
                 "policy %s refused, the previous one stays in force: %s",

@@ -18,11 +18,10 @@ import orjson
 from aiohttp import web
 
 from sluice.core.types import Outcome
-from sluice.gateway.backend_pool import BackendHandle
+from sluice.gateway.backend_pool import BackendHandle, warn_credentials_refused
 from sluice.gateway.errors import error_body, error_response, retry_after_headers
 from sluice.gateway.telemetry import Telemetry
 
-_UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _EVENT_END = b"\n\n"
 _USAGE_ONLY = b'"choices":[]'
 _ERROR_EVENT = b'data: {"error"'
@@ -69,9 +68,10 @@ class Relay:
         # only a stream's relay changes it: an answer relayed whole shares one that stays
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
         url = ctx.backend.url + ctx.path
+        headers = ctx.backend.post_headers
         try:
             async with asyncio.timeout(max(0.001, timeout)):
-                async with self._session.post(url, data=ctx.body, headers=_UPSTREAM_HEADERS) as up:
+                async with self._session.post(url, data=ctx.body, headers=headers) as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
@@ -191,6 +191,20 @@ class Relay:
         if up.status in (429, 503):
             self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
             return _overloaded(ctx, _error_message(data))
+        if up.status in (401, 403):
+            # The gateway sends no client credentials upstream: the backend refused the
+            # gateway's own key (backends[].apiKeyEnv), which no client can fix.
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "auth").inc()
+            warn_credentials_refused(ctx.backend.name, up.status)
+            message = (
+                f"The backend {ctx.backend.name} refused the gateway's credentials "
+                f"(HTTP {up.status}); its key is set with backends[].apiKeyEnv."
+            )
+            return RelayResult(
+                error_response(502, message, "upstream_auth", ctx.headers),
+                Outcome.ERROR,
+                retryable=True,
+            )
         if 400 <= up.status < 500:
             # The client's mistake (prompt too long, bad field): relay it as the backend gave it.
             response = web.Response(

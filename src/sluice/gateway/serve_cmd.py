@@ -13,7 +13,14 @@ from importlib import resources
 import uvloop
 from aiohttp import web
 
-from sluice.config import Backend, ConfigError, Policy, load_policy, parse_policy
+from sluice.config import (
+    Backend,
+    ConfigError,
+    Policy,
+    load_policy,
+    missing_environment,
+    parse_policy,
+)
 from sluice.gateway.app import GATEWAY_KEY, create_app
 from sluice.gateway.logs import setup_logging
 from sluice.gateway.slow_clients import HeadSweep
@@ -85,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format, access=not args.no_access_log)
     try:
         policy = load_policy(args.config) if args.config else default_policy()
+        if missing := missing_environment(policy):
+            raise ConfigError(args.config or "built-in policy", missing)
     except ConfigError as exc:
         print(f"{exc.source}: invalid policy", file=sys.stderr)
         for line in exc.errors:

@@ -1,0 +1,170 @@
+"""The gateway keeps no client state between requests on its shared upstream connections.
+
+Every tenant's request travels over the same pooled aiohttp session. A backend, or a load
+balancer in front of it, that sets a cookie (sticky sessions do) must not have that cookie
+stored by the gateway and replayed on other tenants' requests, nor see a client's own
+cookies or credentials: the gateway sends the backend its own headers only, and relays the
+backend's answer without its Set-Cookie."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from gateway_proc import start_gateway
+
+pytestmark = pytest.mark.integration
+
+MODEL = "cookie-model"
+ANSWER = {
+    "id": "x",
+    "object": "chat.completion",
+    "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
+    seen: list[dict[str, str | None]] = []  # what each completion request carried
+
+    async def completion(request: web.Request) -> web.Response:
+        seen.append({h: request.headers.get(h) for h in ("Cookie", "Authorization")})
+        response = web.json_response(ANSWER)
+        response.set_cookie("lb", f"sticky-{len(seen)}", path="/")
+        return response
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = web.Application()
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response()
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", completion)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    # a host name, not an IP address: aiohttp's cookie jar ignores cookies from IP hosts
+    backend = f"http://localhost:{runner.addresses[0][1]}"
+    # in a thread: the backend on this loop must answer the gateway's start-up checks
+    gw = await asyncio.to_thread(start_gateway, [backend])
+    try:
+        body = orjson.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        )
+        answers = []
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
+            for key in ("sk-demo-p0", "sk-demo-p1", "sk-demo-p2", "sk-demo-p0"):
+                headers = {
+                    "Authorization": f"Bearer {key}",
+                    "Content-Type": "application/json",
+                    "Cookie": f"session=client-of-{key}",
+                }
+                async with s.post(gw.url + "/v1/chat/completions", data=body, headers=headers) as r:
+                    answers.append((r.status, r.headers.getall("Set-Cookie", [])))
+    finally:
+        await asyncio.to_thread(gw.stop)
+        await runner.cleanup()
+
+    assert [status for status, _ in answers] == [200] * 4
+    assert all(cookies == [] for _, cookies in answers), answers
+    assert len(seen) == 4
+    # no backend cookie replayed, no client cookie or API key passed on
+    assert seen == [{"Cookie": None, "Authorization": None}] * 4, seen
+
+
+KEY_ENV = "SLUICE_TEST_BACKEND_KEY"
+
+
+def _policy_with_key(url: str, models: str = "") -> str:
+    return f"""
+tenants:
+  - {{name: chat-app, apiKeys: [sk-demo-p0], priority: 0}}
+backends:
+  - {{name: keyed, url: "{url}", apiKeyEnv: {KEY_ENV}{models}}}
+"""
+
+
+async def test_a_backend_with_an_api_key_gets_the_gateways_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM started with --api-key guards its /v1 routes (not /health, /metrics): the
+    gateway sends the key from backends[].apiKeyEnv there, including for model discovery;
+    a wrong key is the gateway's misconfiguration, a 502 no client can fix, not a 401."""
+    required = "Bearer backend-s3cret"
+    seen: list[str | None] = []
+
+    @web.middleware
+    async def guard(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.path.startswith("/v1"):
+            seen.append(request.headers.get("Authorization"))
+            if request.headers.get("Authorization") != required:
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def completion(_request: web.Request) -> web.Response:
+        return web.json_response(ANSWER)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application(middlewares=[guard])
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", completion)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    policy = _policy_with_key(url)
+    body = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    )
+    client = {"Authorization": "Bearer sk-demo-p0", "Content-Type": "application/json"}
+    try:
+        # without the variable the gateway refuses to start, naming the field and variable
+        monkeypatch.delenv(KEY_ENV, raising=False)
+        with pytest.raises(RuntimeError) as refused:
+            await asyncio.to_thread(start_gateway, [], policy, timeout=10.0)
+        assert f"backends.0.apiKeyEnv: the environment variable {KEY_ENV}" in str(refused.value)
+
+        answers = {}
+        for key in ("backend-s3cret", "a-wrong-key"):
+            monkeypatch.setenv(KEY_ENV, key)
+            # with a wrong key no model can be discovered: name it, so the request is tried
+            known = "" if key == "backend-s3cret" else f", models: [{MODEL}]"
+            gw = await asyncio.to_thread(start_gateway, [], _policy_with_key(url, known))
+            try:
+                async with aiohttp.ClientSession() as s:
+                    async with s.get(gw.url + "/v1/models", headers=client) as r:
+                        models_seen = [m["id"] for m in (await r.json())["data"]]
+                    async with s.post(
+                        gw.url + "/v1/chat/completions", data=body, headers=client
+                    ) as r:
+                        answers[key] = (r.status, await r.json())
+            finally:
+                await asyncio.to_thread(gw.stop)
+            output = "\n".join(gw.output)
+            assert key not in output, "the backend's key was logged"
+            if key == "backend-s3cret":
+                assert models_seen == [MODEL]  # discovered through the guarded route
+            else:
+                assert "backend keyed refuses the gateway's credentials (HTTP 401)" in output
+    finally:
+        await runner.cleanup()
+
+    assert answers["backend-s3cret"][0] == 200
+    assert required in seen
+    status, error = answers["a-wrong-key"]
+    assert status == 502 and error["error"]["code"] == "upstream_auth", error
+    assert "Bearer sk-demo-p0" not in seen  # the client's key never reaches the backend
