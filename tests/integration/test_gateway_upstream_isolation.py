@@ -9,6 +9,8 @@ backend's answer without its Set-Cookie."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -28,6 +30,35 @@ ANSWER = {
 }
 
 
+BODY = orjson.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def _models(_request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+
+async def _start_backend(
+    completion: Handler, middlewares: tuple[Any, ...] = ()
+) -> tuple[web.AppRunner, int]:
+    """A fake backend on 127.0.0.1 (on the test's loop): /health, /v1/models, and
+    `completion` for chat completions; returns its runner and port."""
+    app = web.Application(middlewares=middlewares)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/chat/completions", completion)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
 async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
     seen: list[dict[str, str | None]] = []  # what each completion request carried
 
@@ -37,28 +68,12 @@ async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
         response.set_cookie("lb", f"sticky-{len(seen)}", path="/")
         return response
 
-    async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
-    app = web.Application()
-
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response()
-
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", completion)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    runner, port = await _start_backend(completion)
     # a host name, not an IP address: aiohttp's cookie jar ignores cookies from IP hosts
-    backend = f"http://localhost:{runner.addresses[0][1]}"
+    backend = f"http://localhost:{port}"
     # in a thread: the backend on this loop must answer the gateway's start-up checks
     gw = await asyncio.to_thread(start_gateway, [backend])
     try:
-        body = orjson.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-        )
         answers = []
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
             for key in ("sk-demo-p0", "sk-demo-p1", "sk-demo-p2", "sk-demo-p0"):
@@ -67,7 +82,7 @@ async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
                     "Content-Type": "application/json",
                     "Cookie": f"session=client-of-{key}",
                 }
-                async with s.post(gw.url + "/v1/chat/completions", data=body, headers=headers) as r:
+                async with s.post(gw.url + "/v1/chat/completions", data=BODY, headers=headers) as r:
                     answers.append((r.status, r.headers.getall("Set-Cookie", [])))
     finally:
         await asyncio.to_thread(gw.stop)
@@ -109,27 +124,15 @@ async def test_a_backend_with_an_api_key_gets_the_gateways_key(
                 return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+    ids: list[str | None] = []
 
-    async def completion(_request: web.Request) -> web.Response:
+    async def completion(request: web.Request) -> web.Response:
+        ids.append(request.headers.get("X-Request-Id"))
         return web.json_response(ANSWER)
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application(middlewares=[guard])
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", completion)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, port = await _start_backend(completion, (guard,))
+    url = f"http://127.0.0.1:{port}"
     policy = _policy_with_key(url)
-    body = orjson.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    )
     client = {"Authorization": "Bearer sk-demo-p0", "Content-Type": "application/json"}
     try:
         # without the variable the gateway refuses to start, naming the field and variable
@@ -149,15 +152,18 @@ async def test_a_backend_with_an_api_key_gets_the_gateways_key(
                     async with s.get(gw.url + "/v1/models", headers=client) as r:
                         models_seen = [m["id"] for m in (await r.json())["data"]]
                     async with s.post(
-                        gw.url + "/v1/chat/completions", data=body, headers=client
+                        gw.url + "/v1/chat/completions", data=BODY, headers=client
                     ) as r:
                         answers[key] = (r.status, await r.json())
+                        gateway_ids = [r.headers["X-Request-Id"]]
             finally:
                 await asyncio.to_thread(gw.stop)
             output = "\n".join(gw.output)
             assert key not in output, "the backend's key was logged"
             if key == "backend-s3cret":
                 assert models_seen == [MODEL]  # discovered through the guarded route
+                # the backend got the gateway's request id (vLLM makes it its own)
+                assert ids == gateway_ids
             else:
                 assert "backend keyed refuses the gateway's credentials (HTTP 401)" in output
     finally:

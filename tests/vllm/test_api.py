@@ -81,6 +81,19 @@ def test_chat_and_completions_through_sluice(vllm: VllmServer, gateway: GatewayP
     assert [p.choices[0].finish_reason for p in pieces if p.choices][-1] == "length"
 
 
+def test_vllm_takes_the_gateways_request_id(vllm: VllmServer, gateway: GatewayProcess) -> None:
+    """The gateway sends its request id upstream (X-Request-Id); vLLM uses it as its own, so
+    vLLM's logs and answer ids name the request the gateway's access log names."""
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-demo-p0", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=vllm.model,
+        messages=MESSAGES,
+        max_tokens=2,  # type: ignore[arg-type]
+    )
+    gateway_id = raw.headers["X-Request-Id"]
+    assert gateway_id in raw.parse().id, (gateway_id, raw.parse().id)
+
+
 async def test_async_sdk_concurrent_streams(vllm: VllmServer, gateway: GatewayProcess) -> None:
     client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="sk-demo-p1", max_retries=0)
 

@@ -68,7 +68,8 @@ class Relay:
         # only a stream's relay changes it: an answer relayed whole shares one that stays
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
         url = ctx.backend.url + ctx.path
-        headers = ctx.backend.post_headers
+        # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
+        headers = {**ctx.backend.post_headers, "X-Request-Id": ctx.request_id}
         try:
             async with asyncio.timeout(max(0.001, timeout)):
                 async with self._session.post(url, data=ctx.body, headers=headers) as up:
