@@ -3,7 +3,8 @@
 Every tenant's request travels over the same pooled aiohttp session. A backend, or a load
 balancer in front of it, that sets a cookie (sticky sessions do) must not have that cookie
 stored by the gateway and replayed on other tenants' requests, nor see a client's own
-cookies or credentials: the gateway sends the backend its own headers only, and relays the
+cookies or credentials: the gateway sends the backend its own headers only (and the W3C
+trace context, so that a traced backend's spans join the client's trace), and relays the
 backend's answer without its Set-Cookie."""
 
 from __future__ import annotations
@@ -59,11 +60,15 @@ async def _start_backend(
     return runner, runner.addresses[0][1]
 
 
+FORWARDED = ("Cookie", "Authorization", "X-Api-Key", "traceparent", "tracestate")
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
 async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
     seen: list[dict[str, str | None]] = []  # what each completion request carried
 
     async def completion(request: web.Request) -> web.Response:
-        seen.append({h: request.headers.get(h) for h in ("Cookie", "Authorization")})
+        seen.append({h: request.headers.get(h) for h in FORWARDED})
         response = web.json_response(ANSWER)
         response.set_cookie("lb", f"sticky-{len(seen)}", path="/")
         return response
@@ -81,7 +86,10 @@ async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
                     "Authorization": f"Bearer {key}",
                     "Content-Type": "application/json",
                     "Cookie": f"session=client-of-{key}",
+                    "X-Api-Key": key,
                 }
+                if key == "sk-demo-p2":  # W3C trace context is passed on, and only it
+                    headers |= {"traceparent": TRACE, "tracestate": "vendor=1"}
                 async with s.post(gw.url + "/v1/chat/completions", data=BODY, headers=headers) as r:
                     answers.append((r.status, r.headers.getall("Set-Cookie", [])))
     finally:
@@ -91,8 +99,10 @@ async def test_backend_cookies_are_neither_stored_nor_relayed() -> None:
     assert [status for status, _ in answers] == [200] * 4
     assert all(cookies == [] for _, cookies in answers), answers
     assert len(seen) == 4
-    # no backend cookie replayed, no client cookie or API key passed on
-    assert seen == [{"Cookie": None, "Authorization": None}] * 4, seen
+    # no backend cookie replayed, no client cookie or API key passed on; a trace context is
+    nothing = dict.fromkeys(FORWARDED)
+    traced = nothing | {"traceparent": TRACE, "tracestate": "vendor=1"}
+    assert seen == [nothing, nothing, traced, nothing], seen
 
 
 KEY_ENV = "SLUICE_TEST_BACKEND_KEY"

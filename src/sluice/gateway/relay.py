@@ -70,6 +70,12 @@ class Relay:
         url = ctx.backend.url + ctx.path
         # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
         headers = {**ctx.backend.post_headers, "X-Request-Id": ctx.request_id}
+        if (trace := ctx.request.headers.get("traceparent")) is not None:
+            # W3C trace context, the one client header passed on: vLLM's spans (with
+            # --otlp-traces-endpoint) join the client's trace
+            headers["traceparent"] = trace
+            if (state := ctx.request.headers.get("tracestate")) is not None:
+                headers["tracestate"] = state
         try:
             async with asyncio.timeout(max(0.001, timeout)):
                 async with self._session.post(url, data=ctx.body, headers=headers) as up:
