@@ -48,6 +48,17 @@ def _retries(gw: GatewayProcess, client: str) -> float:
     return gw.metrics().get(f'sluice_client_retries_total{{client="{client}",priority="1"}}', 0.0)
 
 
+def _sdk_client(gw: GatewayProcess, transport: AsyncRetryTransport) -> openai.AsyncOpenAI:
+    """The openai SDK over Sluice's retry transport, with the SDK's own retries off."""
+    return openai.AsyncOpenAI(
+        base_url=gw.url + "/v1",
+        api_key="sk-demo-p1",
+        http_client=httpx.AsyncClient(transport=transport),
+        max_retries=0,
+        timeout=60,
+    )
+
+
 async def test_retry_transport_succeeds_after_back_off(
     overloaded: tuple[SimProcess, GatewayProcess],
 ) -> None:
@@ -55,13 +66,7 @@ async def test_retry_transport_succeeds_after_back_off(
     transport = AsyncRetryTransport(
         policy=RetryPolicy(max_attempts=8), budget=RetryBudget(ratio=1.0, initial=200, capacity=200)
     )
-    client = openai.AsyncOpenAI(
-        base_url=gw.url + "/v1",
-        api_key="sk-demo-p1",
-        http_client=httpx.AsyncClient(transport=transport),
-        max_retries=0,
-        timeout=60,
-    )
+    client = _sdk_client(gw, transport)
     answers = await asyncio.gather(
         *(
             client.chat.completions.create(
@@ -84,13 +89,7 @@ async def test_retry_budget_caps_retries(overloaded: tuple[SimProcess, GatewayPr
     _, gw = overloaded
     budget = RetryBudget(ratio=0.1, initial=2, capacity=2)
     transport = AsyncRetryTransport(policy=RetryPolicy(max_attempts=8), budget=budget)
-    client = openai.AsyncOpenAI(
-        base_url=gw.url + "/v1",
-        api_key="sk-demo-p1",
-        http_client=httpx.AsyncClient(transport=transport),
-        max_retries=0,
-        timeout=60,
-    )
+    client = _sdk_client(gw, transport)
 
     async def one() -> int:
         try:

@@ -139,30 +139,27 @@ def test_example_policy_is_complete() -> None:
     assert summarize.core is False and summarize.fallback and summarize.fallback.static
 
 
+def _check_config(path: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "check-config", path],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
 def test_check_config_command(tmp_path: Path) -> None:
     good = tmp_path / "cm.yaml"
     good.write_text(SEED_CONFIGMAP)
-    ok = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "check-config", str(good)],
-        capture_output=True,
-        text=True,
-    )
+    ok = _check_config(str(good))
     assert ok.returncode == 0, ok.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues: 3\nextra: 1\n")
-    res = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "check-config", str(bad)],
-        capture_output=True,
-        text=True,
-    )
+    res = _check_config(str(bad))
     assert res.returncode == 1
     assert "queues: Input should be a valid tuple" in res.stderr
     assert "extra: Extra inputs are not permitted" in res.stderr
-    missing = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "check-config", str(tmp_path / "nope.yaml")],
-        capture_output=True,
-        text=True,
-    )
+    missing = _check_config(str(tmp_path / "nope.yaml"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
 
 
@@ -198,11 +195,8 @@ def test_a_backend_key_is_named_not_written_in_the_policy(tmp_path: Path) -> Non
     # check-config may run where the secret is not: it warns and passes
     path = tmp_path / "keyed.yaml"
     path.write_text(KEYED)
-    res = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "check-config", str(path)],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "SLUICE_TEST_KEY_A"},
+    res = _check_config(
+        str(path), env={k: v for k, v in os.environ.items() if k != "SLUICE_TEST_KEY_A"}
     )
     assert res.returncode == 0, res.stderr
     assert "warning: backends.0.apiKeyEnv: the environment variable SLUICE_TEST_KEY_A" in (

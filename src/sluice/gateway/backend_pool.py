@@ -150,7 +150,7 @@ class BackendPool:
             h.auth_headers = b.auth_headers()
             h.post_headers = {**POST_HEADERS, **h.auth_headers}
             if b.models:
-                self.backends[b.name].models = set(b.models)
+                h.models = set(b.models)
         self._controller.set_backends(list(self.backends))
         for h in self.backends.values():
             self._controller.set_backend_models(h.name, sorted(h.models))

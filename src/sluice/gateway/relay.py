@@ -74,8 +74,8 @@ class Relay:
             # W3C trace context, the one client header passed on: vLLM's spans (with
             # --otlp-traces-endpoint) join the client's trace
             headers["traceparent"] = trace
-            if (state := ctx.request.headers.get("tracestate")) is not None:
-                headers["tracestate"] = state
+            if (trace_state := ctx.request.headers.get("tracestate")) is not None:
+                headers["tracestate"] = trace_state
         try:
             async with asyncio.timeout(max(0.001, timeout)):
                 async with self._session.post(url, data=ctx.body, headers=headers) as up:
