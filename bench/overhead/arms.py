@@ -261,7 +261,12 @@ def start_arm(
     sluice_cfg: Path | None = None,
     sluice_bin: Path = VENV_BIN / "sluice",
     concurrency: int = 16,
+    prefix: list[str] | None = None,
+    ready_s: float = 30.0,
 ) -> Arm:
+    """Start one arm and wait until it answers. `prefix` runs the Python arms (aiohttp,
+    sluice) under another program (instructions.py: valgrind)."""
+    wrap = list(prefix or [])
     tmp = tmp / name
     tmp.mkdir(parents=True, exist_ok=True)
     if name == "direct":
@@ -277,7 +282,7 @@ def start_arm(
             "--upstream",
             upstream,
         ]
-        arm = Arm(name, f"http://127.0.0.1:{port}", _spawn(cmd, log), tmp, log)
+        arm = Arm(name, f"http://127.0.0.1:{port}", _spawn(wrap + cmd, log), tmp, log)
     elif name == "uvicorn":
         cmd = [
             str(VENV_BIN / "uvicorn"),
@@ -337,8 +342,8 @@ def start_arm(
             "--config",
             str(cfg),
         ]
-        arm = Arm(name, f"http://127.0.0.1:{port}", _spawn(cmd, log), tmp, log, [note])
+        arm = Arm(name, f"http://127.0.0.1:{port}", _spawn(wrap + cmd, log), tmp, log, [note])
     else:
         raise ArmSkipped(f"unknown arm {name!r} (known: {', '.join(LABELS)})")
-    wait_ready(arm)
+    wait_ready(arm, ready_s)
     return arm

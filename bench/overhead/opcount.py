@@ -158,6 +158,16 @@ def where(code: CodeType) -> str:
     return f"{path}:{code.co_firstlineno} {code.co_name}"
 
 
+def area_of(code: CodeType) -> str:
+    """The package a code object belongs to (sluice.gateway, aiohttp, asyncio, ...)."""
+    path = where(code).split(":", 1)[0]
+    if path.startswith("sluice/"):
+        return "sluice." + path.split("/")[1].removesuffix(".py")
+    if "/lib/python3" in path:
+        return "stdlib." + path.rsplit("/lib/python3", 1)[1].split("/")[1].removesuffix(".py")
+    return path.split("/")[0].removesuffix(".py")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
@@ -218,9 +228,20 @@ def main() -> None:
     for code, v in per_request["sluice"].items():
         key = where(code)
         extra[key] += v - base.get(key, 0)
+    print("\nby package (bytecodes/request): passthrough, sluice")
+    for area in sorted({area_of(c) for arm in per_request.values() for c in arm}):
+        a, b = (
+            sum(v for c, v in per_request[arm].items() if area_of(c) == area) / n
+            for arm in ("passthrough", "sluice")
+        )
+        print(f"  {area:<24} {a:8.0f} {b:8.0f}")
     print(f"\nwhere Sluice's extra {ours - bare:.0f} bytecodes/request go (top {args.top}):")
     for key, v in extra.most_common(args.top):
         print(f"  {v / n:7.1f}  {key}")
+    print("\nwhere Sluice runs less than the pass-through:")
+    for key, v in sorted(extra.items(), key=lambda kv: kv[1])[:10]:
+        if v < 0:
+            print(f"  {v / n:7.1f}  {key}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import pytest
 from conftest import SimFactory, SimProcess
 from gateway_proc import GatewayProcess, start_gateway
 
+import sluice
+
 pytestmark = pytest.mark.integration
 
 PROMPT = [{"role": "user", "content": "Tell me about rivers and bridges."}]
@@ -328,3 +330,9 @@ def test_sigterm_lets_open_streams_finish(sim_factory: SimFactory) -> None:
         rest = list(lines)
     assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
     assert gw.proc.wait(10) == 0
+
+
+def test_metrics_say_which_version_runs(gateway: GatewayProcess) -> None:
+    """An operator can tell replicas of different versions apart mid-rollout."""
+    key = f'sluice_build_info{{version="{sluice.__version__}"}}'
+    assert gateway.metrics().get(key) == 1.0

@@ -76,6 +76,37 @@ op = st.one_of(
 )
 
 
+def arrival(step: tuple, ids: list[str], now: float) -> RequestInfo:
+    """The request of an "arrive" op (its id is the next in `ids`)."""
+    _, prio, tenant, model, prompt, dl, weight = step
+    ids.append(f"r{len(ids)}")
+    deadline = None if dl is None else now + dl
+    return RequestInfo(ids[-1], tenant, prio, model, prompt, 200, weight, client_deadline=deadline)
+
+
+def event(step: tuple, ids: list[str], now: float) -> tuple[str, tuple] | None:
+    """The controller call (method, args) of any other op but "advance"; None when it
+    names a request and none has arrived yet."""
+    kind = step[0]
+    if kind in ("finish", "first_token", "cancel"):
+        if not ids:
+            return None
+        rid = ids[step[1] % len(ids)]
+        if kind == "finish":
+            return "on_finish", (rid, step[2], 100, 20)
+        return ("on_first_token" if kind == "first_token" else "cancel"), (rid,)
+    if kind == "metrics":
+        _, name, waiting, kv = step
+        m = BackendMetrics(
+            at=now, waiting=waiting, kv_usage=kv, running=1, num_gpu_blocks=200, block_size=16
+        )
+        return "on_metrics", (name, m)
+    if kind == "health":
+        return "set_backend_health", (step[1], step[2])
+    assert kind == "models", kind
+    return "set_backend_models", (step[1], step[2])
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     algorithm=st.sampled_from(["fixed", "sluice", "gradient"]),
@@ -100,43 +131,14 @@ def test_a_driver_that_steps_after_every_event_sees_no_difference(
     for step in ops:
         kind = step[0]
         if kind == "arrive":
-            _, prio, tenant, model, prompt, dl, weight = step
-            rid = f"r{len(ids)}"
-            ids.append(rid)
-            deadline = None if dl is None else clock.now() + dl
-            both(
-                "arrive",
-                RequestInfo(
-                    rid, tenant, prio, model, prompt, 200, weight, client_deadline=deadline
-                ),
-            )
-        elif kind in ("finish", "first_token", "cancel"):
-            if not ids:
-                continue
-            rid = ids[step[1] % len(ids)]
-            if kind == "finish":
-                both("on_finish", rid, step[2], 100, 20)
-            elif kind == "first_token":
-                both("on_first_token", rid)
-            else:
-                both("cancel", rid)
+            both("arrive", arrival(step, ids, clock.now()))
         elif kind == "advance":
             clock.advance(step[1])
-        elif kind == "metrics":
-            _, name, waiting, kv = step
-            m = BackendMetrics(
-                at=clock.now(),
-                waiting=waiting,
-                kv_usage=kv,
-                running=1,
-                num_gpu_blocks=200,
-                block_size=16,
-            )
-            both("on_metrics", name, m)
-        elif kind == "health":
-            both("set_backend_health", step[1], step[2])
-        elif kind == "models":
-            both("set_backend_models", step[1], step[2])
+        else:
+            call = event(step, ids, clock.now())
+            if call is None:
+                continue
+            both(call[0], *call[1])
         # The shell steps after every event (time passing is none: its timer may fire
         # after the next arrival), and starts what it is told to.
         if kind != "advance":
@@ -306,3 +308,86 @@ def test_a_pass_resets_the_aging_guard_as_a_dispatch_would() -> None:
     started = run_both(script)
     # after the pass P0 has 4 aged turns before P1's, not 2
     assert started == ["blk", "p0", "p1", "q", "s0", "s1", "s2", "s3", "old2"]
+
+
+# -- a driver that takes placements on arrival and skips quiet steps (the gateway) -----
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    algorithm=st.sampled_from(["fixed", "sluice", "gradient"]),
+    limit=st.integers(1, 3),
+    ops=st.lists(op, min_size=10, max_size=150),
+)
+def test_taking_placements_on_arrival_and_skipping_quiet_steps_changes_nothing(
+    algorithm: str, limit: int, ops: list[tuple]
+) -> None:
+    """`arrive(take=True)` and skipping a step while `quiet()` (keeping a timer for the
+    times steps return and for `next_alarm_at` after a placement) decide exactly what a
+    driver that steps after every event decides: the same starts, refusals and state."""
+    clock = FakeClock()
+    policy = make_policy(algorithm, limit)
+    taker = controller(policy, clock, on_arrival=True)
+    stepper = controller(policy, clock, on_arrival=True)
+    timer: list[float] = []  # the taker's armed wake-ups
+    ids: list[str] = []
+
+    def arm(at: float | None) -> None:
+        if at is not None:
+            timer.append(at)
+
+    def taker_step() -> tuple[list[Assignment], list[Any]]:
+        s = taker.step()
+        arm(s.wake_at)
+        return s.assignments, s.rejections
+
+    for step in ops:
+        kind = step[0]
+        taken: list[Assignment] = []
+        if kind == "advance":
+            clock.advance(step[1])
+            if timer and min(timer) <= clock.now():
+                # the taker's timer fires: both step (the stepper's own timer would too)
+                timer[:] = [t for t in timer if t > clock.now()]
+                assert taker_step() == tuple(stepper.step()[:2])
+            continue
+        if kind == "arrive":
+            info = arrival(step, ids, clock.now())
+            a = taker.arrive(info, take=True)
+            b = stepper.arrive(info)
+            assert (a.queued, a.code, a.retry_after_s) == (b.queued, b.code, b.retry_after_s)
+            if a.assignment is not None:
+                taken = [a.assignment]
+                arm(taker.next_alarm_at())
+        else:
+            call = event(step, ids, clock.now())
+            if call is None:
+                continue
+            for c in (taker, stepper):
+                getattr(c, call[0])(*call[1])
+        expected = stepper.step()
+        if taken:
+            got: tuple[list[Assignment], list[Any]] = (taken, [])
+        elif taker.quiet():
+            got = ([], [])
+            # a skipped step would have asked for no wake-up before the taker's timer
+            assert expected.wake_at is None or (timer and min(timer) <= expected.wake_at)
+        else:
+            got = taker_step()
+        assert got == (expected.assignments, expected.rejections), kind
+        assert taker.snapshot() == stepper.snapshot()
+        for rid in ids:
+            assert taker.state_of(rid) is stepper.state_of(rid)
+            assert taker.backend_of(rid) == stepper.backend_of(rid)
+
+
+def test_a_placement_taken_on_arrival_is_not_reported_again() -> None:
+    clock = FakeClock(5.0)
+    c = controller(make_policy(limit=1, reserved=0.0), clock, on_arrival=True)
+    a = c.arrive(RequestInfo("a", "A", 1, "m", 100, 100), take=True)
+    assert a.queued and a.assignment == Assignment("a", "b0", 0.0)
+    assert c.quiet() and c.step() == Step([], [], None)
+    b = c.arrive(RequestInfo("b", "A", 1, "m", 100, 100), take=True)
+    assert b.assignment == Assignment("b", "b1", 0.0)
+    q = c.arrive(RequestInfo("q", "A", 1, "m", 100, 100), take=True)  # no room: queued
+    assert q.queued and q.assignment is None and not c.quiet()

@@ -16,7 +16,10 @@ would have placed it alone in its queue (the common case below the limit, withou
 through the queue). Its state is then INFLIGHT, but its Assignment is reported by the next
 `step` or `dispatch` like any other (`next_wakeup` says "now" until then), so a driver
 that steps after every arrival sees no difference. A request cancelled before that step
-is not reported; its slot and its quota charge come back.
+is not reported; its slot and its quota charge come back. A driver that acts on a
+placement at once (the gateway) passes `take=True`: when that step would have reported
+nothing else, the assignment comes back in the Admission and the step is not needed
+(`quiet()` says when a step after a finish would have nothing to do either).
 """
 
 from __future__ import annotations
@@ -267,7 +270,7 @@ class Controller:
 
     # -- arrival -----------------------------------------------------------------------
 
-    def arrive(self, req: RequestInfo) -> Admission:
+    def arrive(self, req: RequestInfo, take: bool = False) -> Admission:
         now = self._clock.now()
         rid = req.request_id
         if rid in self._records:
@@ -344,6 +347,9 @@ class Controller:
             b = self._dispatcher.dispatch_alone(rec, now)
             if b is not None:
                 q.passed(rec)
+                if take and not self._ready and not self._pending:
+                    # what the next step would report, and all it would: report it now
+                    return Admission(True, assignment=self._started(rec, b, now))
                 # its first-token alarm is armed when it is reported, as step() would
                 self._ready.append((rec, self._started(rec, b, now, arm=False)))
                 return _QUEUED
@@ -409,6 +415,20 @@ class Controller:
             assignments = ready + assignments
         out, self._pending = self._pending, []
         return _new_step(Step, (assignments, out, now if out else self._wakeup(slacks)))
+
+    def quiet(self) -> bool:
+        """Whether a step now could only say when to look again (nothing queued, nothing
+        to report, no alarm due). A driver that keeps its timer armed for the times steps
+        return (and `next_alarm_at` after a placement taken on arrival) may skip it."""
+        q0, q1, q2 = self._queues
+        if self._pending or self._ready or q0.by_arrival or q1.by_arrival or q2.by_arrival:
+            return False
+        alarms = self._alarms
+        return not (alarms and alarms[0][0] <= self._clock.now())
+
+    def next_alarm_at(self) -> float | None:
+        """When the earliest first-token alarm is due (maybe one no longer needed)."""
+        return self._alarms[0][0] if self._alarms else None
 
     def dispatch(self) -> list[Assignment]:
         now = self._clock.now()

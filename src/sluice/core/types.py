@@ -44,11 +44,14 @@ class RequestInfo:
 
 @dataclass(slots=True)
 class Admission:
-    """The answer to `arrive`: queued (wait for an assignment) or rejected at once."""
+    """The answer to `arrive`: queued (wait for an assignment) or rejected at once. With
+    `arrive(..., take=True)`, a request placed on arrival comes back with its assignment
+    here instead of in the next step."""
 
     queued: bool
     code: RejectCode | None = None
     retry_after_s: float = 0.0  # when rejected: the estimated time until there is room
+    assignment: Assignment | None = None
 
     @staticmethod
     def ok() -> Admission:

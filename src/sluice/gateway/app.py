@@ -445,7 +445,7 @@ class Gateway:
                 retry_attempt=retry[0] if retry else 0,
                 first_token_visible=parsed.stream,
             )
-            admission = self.controller.arrive(info)
+            admission = self.bridge.arrive(info)
             if not admission.queued:
                 assert admission.code is not None
                 if failed is not None:
@@ -454,7 +454,7 @@ class Gateway:
                 return self._rejected(
                     priority, admission.code, admission.retry_after_s, headers, breaker
                 )
-            decision = await self.bridge.wait(request_id)
+            decision = admission.assignment or await self.bridge.wait(request_id)
             queued_total += decision.queued_s
             headers["X-Sluice-Queue-Ms"] = str(round(queued_total * 1000))
             fields["queue_ms"] = round(queued_total * 1000, 1)

@@ -118,9 +118,9 @@ class MetricsParser:
                 h = hists.setdefault(_BUCKETS[name], _Histogram())
                 h.buckets[le] = h.buckets.get(le, 0.0) + value
             elif name == _CACHE_INFO:
-                labels = _labels(_sample(line)[1])
-                num_gpu_blocks = _int_label(labels.get("num_gpu_blocks"))
-                block_size = _int_label(labels.get("block_size"))
+                info = _labels(_sample(line)[1])
+                num_gpu_blocks = _int_label(info.get("num_gpu_blocks"))
+                block_size = _int_label(info.get("block_size"))
         found = {key: _first(values, names) for key, names in _GAUGES.items()}
         ttft = self._windowed_p95(hists, _TTFT)
         tpot = self._windowed_p95(hists, _TPOT)

@@ -1,9 +1,12 @@
 """Bridges the core Controller's decisions to the request handlers that wait on them.
 
-A handler that got `Admission(queued=True)` awaits `wait(request_id)`; every event that may
-free a slot calls `pump()`, which runs one controller step (what may go now, what must be
-dropped, when to look again) and wakes the matching handlers. A timer wakes the pump when
-the time the step named comes, so timeouts need no polling."""
+A handler submits its request through `arrive`: placed at once, the Admission carries its
+assignment; queued, the handler awaits `wait(request_id)`. Every event that may free a slot
+calls `pump()`, which runs one controller step (what may go now, what must be dropped, when
+to look again) and wakes the matching handlers; when nothing is queued or to be reported
+(the controller is quiet) there is nothing for a step to do and it is skipped. A timer
+wakes the pump when the time a step named comes (a queue timeout, a first-token alarm),
+so timeouts need no polling."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import asyncio
 
 from sluice.core.clock import Clock
 from sluice.core.controller import Controller
-from sluice.core.types import Assignment, Rejection
+from sluice.core.types import Admission, Assignment, Rejection, RequestInfo
 
 
 class DispatchBridge:
@@ -21,6 +24,16 @@ class DispatchBridge:
         self._waiters: dict[str, asyncio.Future[Assignment | Rejection]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+
+    def arrive(self, info: RequestInfo) -> Admission:
+        """The controller's answer to this arrival (`Controller.arrive` with take=True)."""
+        admission = self._controller.arrive(info, take=True)
+        if admission.assignment is not None and info.first_token_visible:
+            # it may have armed a first-token alarm: the timer must fire for it
+            at = self._controller.next_alarm_at()
+            if at is not None:
+                self._arm_timer(at)
+        return admission
 
     async def wait(self, request_id: str) -> Assignment | Rejection:
         """Wait for the request's turn. If the waiting task is cancelled (its client hung
@@ -40,7 +53,8 @@ class DispatchBridge:
             raise
 
     def pump(self) -> None:
-        self._pump(None)
+        if not self._controller.quiet():
+            self._pump(None)
 
     def _pump(self, own: str | None) -> Assignment | Rejection | None:
         """Act on one controller step; returns the decision about `own` (the caller's
@@ -83,7 +97,7 @@ class DispatchBridge:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.pump()
+        self._pump(None)  # always: due alarms fire in the step
 
     def close(self) -> None:
         if self._timer is not None:

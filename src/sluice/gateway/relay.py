@@ -21,6 +21,7 @@ from sluice.core.types import Outcome
 from sluice.gateway.backend_pool import BackendHandle, warn_credentials_refused
 from sluice.gateway.errors import error_body, error_response, retry_after_headers
 from sluice.gateway.telemetry import Telemetry
+from sluice.gateway.upstream_deadline import UpstreamDeadline
 
 _EVENT_END = b"\n\n"
 _USAGE_ONLY = b'"choices":[]'
@@ -76,31 +77,32 @@ class Relay:
             headers["traceparent"] = trace
             if (trace_state := ctx.request.headers.get("tracestate")) is not None:
                 headers["tracestate"] = trace_state
+        deadline = UpstreamDeadline(max(0.001, timeout))
+        timed_out = False
         try:
-            async with asyncio.timeout(max(0.001, timeout)):
+            try:
                 async with self._session.post(url, data=ctx.body, headers=headers) as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
                         return await self._relay_stream(ctx, up, on_first_token, state)
                     return await self._relay_body(ctx, up)
+            finally:
+                timed_out = deadline.settle()
         except TimeoutError:
-            # the request's deadline (asyncio.timeout), or aiohttp's connect timeout
-            self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
-            return await self._fail(
-                ctx,
-                state,
-                504,
-                "The backend did not answer within the request's deadline.",
-                "upstream_timeout",
-                Outcome.TIMEOUT,
-            )
+            # aiohttp's connect timeout
+            return await self._timed_out(ctx, state)
         except asyncio.CancelledError:
+            if timed_out:
+                # the request's deadline; leaving the `async with` closed the connection
+                return await self._timed_out(ctx, state)
             # The client hung up: leaving the `async with` closed the upstream connection,
             # which makes vLLM abort the request.
             self._telemetry.aborts.labels(ctx.backend.name).inc()
             raise
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            if timed_out:  # aiohttp made the deadline's cancellation an error of its own
+                return await self._timed_out(ctx, state)
             kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnect"
             self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
             result = await self._fail(
@@ -109,6 +111,8 @@ class Relay:
             result.backend_lost = True
             return result
         except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError, OSError) as exc:
+            if timed_out:
+                return await self._timed_out(ctx, state)
             if state.client_gone:
                 raise
             self._telemetry.upstream_errors.labels(ctx.backend.name, "stream").inc()
@@ -122,6 +126,17 @@ class Relay:
             )
             result.backend_lost = True
             return result
+
+    async def _timed_out(self, ctx: RelayContext, state: _StreamState) -> RelayResult:
+        self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
+        return await self._fail(
+            ctx,
+            state,
+            504,
+            "The backend did not answer within the request's deadline.",
+            "upstream_timeout",
+            Outcome.TIMEOUT,
+        )
 
     async def _relay_body(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
         data = await up.read()
@@ -301,8 +316,10 @@ def _usage_of(data: bytes) -> tuple[int | None, int | None]:
             usage = orjson.loads(data[start : end + 1])
         except orjson.JSONDecodeError:
             usage = None  # nested objects inside usage
-        if isinstance(usage, dict) and "prompt_tokens" in usage:
-            return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+        if type(usage) is dict and "prompt_tokens" in usage:
+            # exactly int: not a bool (orjson makes no other int subclass)
+            p, c = usage["prompt_tokens"], usage.get("completion_tokens")
+            return (p if type(p) is int else None), (c if type(c) is int else None)
     try:
         usage = orjson.loads(data).get("usage")
     except (orjson.JSONDecodeError, AttributeError):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -836,7 +837,7 @@ class SharedQuotaGate:
             args = (rpm, tpm, requests_back, tokens_back, releases, self.process)
             task = asyncio.ensure_future(self._call(self._finish(keys=(rate, conc), args=args)))
             self._tasks.add(task)
-            task.add_done_callback(lambda f, name=tenant: self._finished(f, name))
+            task.add_done_callback(functools.partial(self._finished, tenant=tenant))
 
     def _finished(self, task: asyncio.Task[Any], tenant: str) -> None:
         self._tasks.discard(task)

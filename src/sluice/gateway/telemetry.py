@@ -21,12 +21,14 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from sluice import __version__
 
 CLASSES = ("0", "1", "2")
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
@@ -151,6 +153,14 @@ class Telemetry:
             registry=r,
         )
         self.policy_ok.set(1)
+        self.build_info = Gauge(
+            "sluice_build_info",
+            "Always 1; the label says which version of Sluice runs (replicas mid-rollout differ)",
+            ["version"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(__version__).set(1)
         self.breaker_open = Gauge(
             "sluice_breaker_open",
             "1 while a circuit breaker refuses (open), 0.5 while it probes (half-open), 0 when "
@@ -287,8 +297,11 @@ class Telemetry:
             await asyncio.sleep(STATE_PUBLISH_S)
 
 
+# how a gauge's values from several workers combine (prometheus_client's names)
+CombineMode = Literal["livesum", "livemax", "livemin"]
+
 # key in the snapshot's backend entry -> (metric, help, how workers combine)
-PER_BACKEND = {
+PER_BACKEND: dict[str, tuple[str, str, CombineMode]] = {
     "limit": ("sluice_backend_limit", "Adaptive concurrency limit", "livesum"),
     "inflight": ("sluice_backend_inflight", "Requests in flight", "livesum"),
     "kv_usage": ("sluice_backend_kv_usage", "KV-cache usage the backend reports, 0..1", "livemax"),
