@@ -9,7 +9,8 @@ import asyncio
 from sluice.config import parse_policy
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
-from sluice.core.types import Assignment, Outcome, RejectCode, Rejection, RequestInfo
+from sluice.core.limiters import LimiterBase
+from sluice.core.types import Assignment, Outcome, RejectCode, Rejection, RequestInfo, Sample
 from sluice.gateway.dispatch_bridge import DispatchBridge
 
 POLICY = """
@@ -73,4 +74,37 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     assert controller.snapshot()["classes"]["P0"]["queued"] == 0
+    bridge.close()
+
+
+class _AlarmRecorder(LimiterBase):
+    """Limit 1; a first token is due 50 ms after sending; sets `overdue` on the sample
+    the controller reports when it is not."""
+
+    def __init__(self) -> None:
+        self.overdue = asyncio.Event()
+
+    @property
+    def limit(self) -> int:
+        return 1
+
+    def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
+        return 0.05
+
+    def on_sample(self, sample: Sample, now: float) -> None:
+        if sample.extra.get("pending"):
+            self.overdue.set()
+
+
+async def test_a_stream_placed_on_arrival_gets_its_first_token_alarm() -> None:
+    """Placed by `arrive` itself (no step, no wait), a stream's overdue first token still
+    reaches the limiter with no other event: the bridge armed its timer for the alarm."""
+    limiter = _AlarmRecorder()
+    clock = MonotonicClock()
+    controller = Controller(parse_policy(POLICY), clock, ["b0"], limiter_factory=lambda *_: limiter)
+    controller.set_backend_health("b0", True)
+    bridge = DispatchBridge(controller, clock)
+    admission = bridge.arrive(_req("s"))  # first_token_visible: a stream
+    assert admission.assignment is not None and admission.assignment.backend == "b0"
+    await asyncio.wait_for(limiter.overdue.wait(), 2.0)
     bridge.close()
