@@ -27,12 +27,14 @@ runs agree within 1%.
 
 Run: python bench/overhead/instructions.py [--arms passthrough,sluice] [--mode json]
          [--requests 300] [--warmup 100] [--sluice-bin PATH] [--sluice-config PATH]
+         [--ablate prom,breaker,access,cost,drain,core]   (ablated.py: what each part costs)
 Needs valgrind (apt install valgrind); about a minute per arm.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -161,7 +163,21 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sluice-bin", type=Path, default=VENV_BIN / "sluice")
     parser.add_argument("--sluice-config", type=Path, default=None)
+    parser.add_argument(
+        "--ablate",
+        default="",
+        help="run sluice with these parts stubbed out (ablated.py lists them)",
+    )
     args = parser.parse_args()
+    if args.ablate:
+        # a console script for ablated.py, on this interpreter (valgrind runs it by path)
+        args.sluice_bin = Path(tempfile.mkdtemp(prefix="sluice-ablated-")) / "sluice"
+        args.sluice_bin.write_text(
+            f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(HERE)!r})\n"
+            "import ablated\nablated.main()\n"
+        )
+        args.sluice_bin.chmod(0o755)
+        os.environ["SLUICE_ABLATE"] = args.ablate
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is not installed (apt install valgrind)")
     console = Console()
