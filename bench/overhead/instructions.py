@@ -46,10 +46,8 @@ from pathlib import Path
 import orjson
 import yaml
 from arms import (
-    API_KEY,
     HERE,
     LABELS,
-    MODEL,
     VENV_BIN,
     Arm,
     ArmSkipped,
@@ -59,7 +57,7 @@ from arms import (
 )
 from rich.console import Console
 from rich.table import Table
-from runner import CHOSEN_STACK
+from runner import CHOSEN_STACK, loadgen_command
 
 READY_S = 300.0  # starting a gateway under valgrind takes a while
 IDLE_S = 5.0
@@ -82,9 +80,7 @@ class Counts:
 
 def load(url: str, mode: str, n: int, concurrency: int) -> None:
     """n requests through the proxy (loadgen.py, closed loop); all must succeed."""
-    cmd = [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--mode", mode]
-    cmd += ["--requests", str(n), "--concurrency", str(concurrency), "--chunks", "16"]
-    cmd += ["--interval-ms", "10", "--model", MODEL, "--api-key", API_KEY]
+    cmd = loadgen_command(url, mode, n, concurrency, chunks=16, interval_ms=10)
     cmd += ["--timeout", "600", "--no-wait"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = orjson.loads(out.stdout.strip().splitlines()[-1])

@@ -35,14 +35,22 @@ DEFAULT_ARMS = "direct,passthrough,nginx,sluice"
 SATURATED = 0.9  # mean busy fraction of a phase above which we call the CPU saturated
 
 
+def loadgen_command(
+    url: str, mode: str, n: int, concurrency: int, chunks: int, interval_ms: float
+) -> list[str]:
+    """loadgen.py against `url` with the benchmark's model and key."""
+    cmd = [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--mode", mode]
+    cmd += ["--requests", str(n), "--concurrency", str(concurrency), "--chunks", str(chunks)]
+    cmd += ["--interval-ms", str(interval_ms), "--model", MODEL, "--api-key", API_KEY]
+    return cmd
+
+
 def run_phase(
     arm: Arm, upstream: Arm, mode: str, n: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     # "serial" is the non-streaming load one request at a time: latency without queueing.
     gen_mode, conc = ("json", 1) if mode == "serial" else (mode, args.concurrency)
-    cmd = [sys.executable, str(HERE / "loadgen.py"), "--url", arm.url, "--mode", gen_mode]
-    cmd += ["--requests", str(n), "--concurrency", str(conc), "--chunks", str(args.chunks)]
-    cmd += ["--interval-ms", str(args.interval_ms), "--model", MODEL, "--api-key", API_KEY]
+    cmd = loadgen_command(arm.url, gen_mode, n, conc, args.chunks, args.interval_ms)
     gen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert gen.stdin is not None and gen.stdout is not None
     if gen.stdout.readline().strip() != "READY":

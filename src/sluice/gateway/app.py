@@ -630,7 +630,7 @@ class Gateway:
             deadline=None,
             default_timeout=self.policy.server.upstream_timeout,
         )
-        result = await self.relay.forward(ctx, on_first_token=lambda: None)
+        result = await self.relay.forward(ctx, on_first_token=_no_first_token)
         return result.response
 
     def _first_token(self, ctx: RelayContext) -> Any:

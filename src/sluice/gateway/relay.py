@@ -317,9 +317,7 @@ def _usage_of(data: bytes) -> tuple[int | None, int | None]:
         except orjson.JSONDecodeError:
             usage = None  # nested objects inside usage
         if type(usage) is dict and "prompt_tokens" in usage:
-            # exactly int: not a bool (orjson makes no other int subclass)
-            p, c = usage["prompt_tokens"], usage.get("completion_tokens")
-            return (p if type(p) is int else None), (c if type(c) is int else None)
+            return _count(usage["prompt_tokens"]), _count(usage.get("completion_tokens"))
     try:
         usage = orjson.loads(data).get("usage")
     except (orjson.JSONDecodeError, AttributeError):
