@@ -19,7 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "scenario",
         metavar="SCENARIO",
-        help="a built-in scenario (" + ", ".join(builtin_scenarios()) + ") or a YAML file",
+        nargs="?",
+        help="a built-in scenario (" + ", ".join(builtin_scenarios()) + ") or a YAML file "
+        "(with --trace alone: azure-conv's backends and clients)",
     )
     parser.add_argument(
         "--arms",
@@ -36,6 +38,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="output folder (reports/SCENARIO-<time>/)")
     parser.add_argument("--seed", type=int, help="workload seed (the scenario's)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    trace = parser.add_argument_group(
+        "trace replay (docs/bench.md, Traces)",
+        "replay a production trace: the Azure LLM inference trace CSV or BurstGPT's",
+    )
+    trace.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="the trace file (or azure-conv-2023, shipped with Sluice); replaces the "
+        "scenario's phases",
+    )
+    trace.add_argument("--trace-start", metavar="S", help="slice start, trace seconds (0)")
+    trace.add_argument("--trace-duration", metavar="S", help="slice length (to the end)")
+    trace.add_argument(
+        "--peak",
+        type=float,
+        metavar="X",
+        help="scale time so that the busiest --peak-window offers X x capacity",
+    )
+    trace.add_argument("--peak-window", metavar="S", help="the busiest window's length (60s)")
+    trace.add_argument("--speedup", type=float, metavar="K", help="play the trace K x faster")
+    trace.add_argument(
+        "--classes",
+        metavar="P0=a,P1=b,P2=c",
+        help="class shares by a stable hash of each row (default 0.2/0.4/0.4)",
+    )
+    trace.add_argument(
+        "--class-column",
+        metavar="COLUMN",
+        help="take each request's class from this column (with --class-values)",
+    )
+    trace.add_argument(
+        "--class-values",
+        metavar="VALUE=Pn,...",
+        help="column value -> class, e.g. GPT-4=P0,ChatGPT=P1",
+    )
     parser.add_argument(
         "--real-size",
         action="store_true",
@@ -54,6 +91,50 @@ def _arms(args: argparse.Namespace, default: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
+_TRACE_FLAGS = (
+    ("trace_start", "start"),
+    ("trace_duration", "duration"),
+    ("peak", "peak"),
+    ("peak_window", "peakWindow"),
+    ("speedup", "speedup"),
+    ("class_column", "classColumn"),
+)
+
+
+def _pairs(text: str, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{flag}: expected KEY=VALUE,... (got {item!r})")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def trace_overrides(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The command line's trace options as a scenario `trace` mapping (None: none given)."""
+    trace: dict[str, Any] = {}
+    if args.trace:
+        trace["path"] = args.trace
+    for attr, key in _TRACE_FLAGS:
+        value = getattr(args, attr, None)
+        if value is not None:
+            trace[key] = value
+    if args.classes:
+        shares = _pairs(args.classes, "--classes")
+        try:
+            trace["classes"] = {k: float(v) for k, v in shares.items()}
+        except ValueError:
+            raise ValueError(f"--classes: shares must be numbers (got {args.classes!r})") from None
+    if args.class_values:
+        trace["classValues"] = _pairs(args.class_values, "--class-values")
+    if args.peak is not None and args.speedup is None:
+        trace["speedup"] = None
+    if args.speedup is not None and args.peak is None:
+        trace["peak"] = None
+    return {"trace": trace} if trace else None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -62,7 +143,19 @@ def run(args: argparse.Namespace) -> int:
         console = Console(width=max(console.width, 150))  # the summary table is wide
     err = Console(stderr=True)
     try:
-        scenario = load_scenario(args.scenario)
+        overrides = trace_overrides(args)
+        name = args.scenario
+        if name is None:
+            if not args.trace:
+                raise ValueError("give a SCENARIO, or a --trace to replay")
+            name = "azure-conv"  # its backends, clients and arms around the trace
+            assert overrides is not None
+            stem = Path(args.trace).name.split(".")[0]
+            overrides["name"] = f"trace-{stem}"
+            overrides["description"] = f"replay of {args.trace}"
+        if overrides and not args.trace and load_scenario(name).trace is None:
+            raise ValueError("the trace options need --trace or a scenario with a trace")
+        scenario = load_scenario(name, overrides)
         arms = _arms(args, scenario.spec.arms)
     except ScenarioError as exc:
         err.print(f"[red]{exc.source}: invalid scenario[/red]")

@@ -39,7 +39,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.bench.arms import arm_spec
-from sluice.bench.capacity import calibrate
 from sluice.bench.harness import (
     CANCELLED,
     FAILED,
@@ -54,8 +53,8 @@ from sluice.bench.harness import (
     plan_retry,
 )
 from sluice.bench.metrics import arm_results
+from sluice.bench.runner import make_plan
 from sluice.bench.scenario import CLASSES, Scenario
-from sluice.bench.workload import generate
 from sluice.config import Policy
 
 SATURATED_AT = 0.9
@@ -338,6 +337,7 @@ class _ArmRunner:
             "t": [],
             "limit": [[] for _ in sims],
             "inflight": [[] for _ in sims],
+            "running": [[] for _ in sims],
             "kv_usage": [[] for _ in sims],
             "waiting": [[] for _ in sims],
             "queued": {c: [] for c in CLASSES},
@@ -450,7 +450,9 @@ class _ArmRunner:
                 if outcome in (OK, CANCELLED):
                     self._finish(r, outcome)
                     return
-                delay = plan_retry(r, outcome, retry_after, self.seed, self.now())
+                delay = plan_retry(
+                    r, outcome, retry_after, self.seed, self.now(), self.arm.client_retry
+                )
                 if delay is not None:
                     r.tokens = 0
                     r.first_token_at = r.last_token_at = None
@@ -608,6 +610,8 @@ class _ArmRunner:
         for i, m in enumerate(sims):
             kv = None if m is None else _first(m, "vllm:kv_cache_usage_perc")
             waiting = None if m is None else _first(m, "vllm:num_requests_waiting")
+            running = None if m is None else _first(m, "vllm:num_requests_running")
+            s["running"][i].append(int(running or 0))
             s["kv_usage"][i].append(round(kv or 0.0, 4))
             s["waiting"][i].append(int(waiting or 0))
             if gw is not None:
@@ -767,22 +771,16 @@ def run_real(
     """Run the arms against real processes; the results.json document (mode "real").
     `on_gateway(url)` is called when an arm's gateway is up (to show its dashboard)."""
     started = time.perf_counter()
-    small = scenario.for_real_mode()
-    seed = small.spec.seed if seed is None else seed
-    profile = small.spec.backends.build_profile()
+    plan = make_plan(scenario.for_real_mode(), seed=seed)
+    small, seed, profile = plan.scenario, plan.seed, plan.profile
     n = small.spec.backends.count
-    caps = [calibrate(profile, p, small.slos["P0"].tpot) for p in small.phases]
-    rates = [
-        p.rate_rps if p.rate_rps is not None else (p.rate or 0.0) * c.rps * n
-        for p, c in zip(small.phases, caps, strict=True)
-    ]
+    caps, rates, workload = plan.capacities, plan.rates_rps, plan.workload
     limit = small.spec.real.max_rps
     if max(rates) > limit:
         raise RuntimeError(
             f"real mode would offer {max(rates):.0f} requests/s (more than real.maxRps = "
             f"{limit:g}); shrink the scenario's `real` section"
         )
-    workload = generate(small, rates, seed=seed, max_model_len=profile.max_model_len)
     samples: list[float] = []
     results: dict[str, Any] = {}
     for name in arms:
@@ -809,6 +807,7 @@ def run_real(
             "backends": n,
             "profile": f"{profile.name} x{small.spec.backends.speed:g} speed",
             "requests": len(workload),
+            **({"trace": plan.trace} if plan.trace is not None else {}),
             "phases": [
                 {
                     "name": p.name,

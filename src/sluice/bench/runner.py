@@ -12,6 +12,7 @@ from sluice.bench.arms import ARMS, arm_spec, fixed_cap_arm
 from sluice.bench.capacity import Capacity, calibrate
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
+from sluice.bench.replay import plan_trace
 from sluice.bench.scenario import Scenario
 from sluice.bench.workload import ClientRequest, generate
 from sluice.sim.profiles import Profile
@@ -31,6 +32,7 @@ class Plan:
     capacities: list[Capacity]  # per phase, per backend
     rates_rps: list[float]  # per phase, all backends
     workload: list[ClientRequest]
+    trace: dict[str, Any] | None = None  # how a trace was replayed (`bench.replay`)
 
     @property
     def sweet_spots(self) -> list[int]:
@@ -46,6 +48,7 @@ class Plan:
             "backends": n,
             "profile": self.profile.name,
             "requests": len(self.workload),
+            **({"trace": self.trace} if self.trace is not None else {}),
             "phases": [
                 {
                     "name": p.name,
@@ -64,8 +67,36 @@ class Plan:
 
 
 def make_plan(scenario: Scenario, *, seed: int | None = None) -> Plan:
+    """Capacity, rates and the workload; for a trace scenario, the replay's (its
+    `plan.scenario` has the phase in bench time: use it, not the one passed in)."""
     seed = scenario.spec.seed if seed is None else seed
     profile = scenario.spec.backends.build_profile()
+    if scenario.trace is not None:
+        tp = plan_trace(scenario, profile, seed=seed)
+        ts = scenario.spec.trace
+        assert ts is not None
+        info = {
+            "source": scenario.trace.source,
+            "format": scenario.trace.format,
+            "start_s": ts.start,
+            "duration_s": round(scenario.trace.duration, 3),
+            "requests": len(tp.workload),
+            "skipped_rows": scenario.trace.skipped,
+            "prompts_clamped": tp.clamped,
+            "peak_x_capacity": ts.peak,
+            "peak_window_s": ts.peak_window,
+            "busiest_rps_trace_time": round(tp.busiest_rps, 3),
+            "time_scale": round(tp.time_scale, 4),
+            "length_scale": scenario.trace_length_scale,
+            "class_rule": (
+                {"column": ts.class_column, "values": ts.class_values}
+                if ts.class_column
+                else {"shares": ts.classes}
+            ),
+        }
+        return Plan(
+            tp.scenario, profile, seed, [tp.capacity], [tp.rate_rps], tp.workload, trace=info
+        )
     n = scenario.spec.backends.count
     tpot_slo = scenario.slos["P0"].tpot
     capacities = [calibrate(profile, p, tpot_slo) for p in scenario.phases]
@@ -184,6 +215,7 @@ def run_virtual(
     if progress is not None:
         progress("calibrating capacity", 0.0)
     plan = make_plan(scenario, seed=seed)
+    scenario = plan.scenario  # a trace's phase is in bench time only now
     calibrated = time.perf_counter()
     oracle_caps: list[int] | None = None
     sweep: list[dict[str, Any]] | None = None
