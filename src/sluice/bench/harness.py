@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.bench.scenario import CLASSES, Scenario
+from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
@@ -93,14 +93,24 @@ class ArmSpec:
     controller_kwargs: dict[str, Any] = field(default_factory=dict)
     # gateway replicas sharing the engines, each its own Controller (module docstring)
     replicas: int = 1
+    # A peer gateway in place of Sluice's Controller (`bench.peers`): it is built as
+    # `gateway(clock, backend_names)` and driven through the same calls.
+    gateway: Callable[[FakeClock, list[str]], Any] | None = None
+    # What its clients do when refused, in place of the scenario's (`bench.peers`: the
+    # OpenAI SDK's rule for the peers' users).
+    client_retry: Retry | None = None
+    # How often the gateway scrapes each backend (None: SCRAPE_INTERVAL_S).
+    scrape_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError("replicas must be at least 1")
+        if self.gateway is not None and (self.policy is not None or self.replicas != 1):
+            raise ValueError("a peer gateway arm has no Sluice policy and one replica")
 
     @property
     def is_direct(self) -> bool:
-        return self.policy is None
+        return self.policy is None and self.gateway is None
 
 
 class ReqState:
@@ -184,16 +194,25 @@ class ArmRun:
 
 
 def plan_retry(
-    r: ReqState, outcome: str, retry_after: float | None, seed: int, now: float
+    r: ReqState,
+    outcome: str,
+    retry_after: float | None,
+    seed: int,
+    now: float,
+    retry: Retry | None = None,
 ) -> float | None:
     """A failed attempt: if the client tries again, record the retry on `r` (attempt
     number, when it comes back, whether it follows a Retry-After) and return its delay;
-    None when the client gives up. Shared by virtual time and real mode."""
+    None when the client gives up. `retry` replaces the request's own behaviour (the
+    clients of a peer arm: `ArmSpec.client_retry`). Shared by virtual time and real mode."""
     spec = r.spec
-    retry = spec.retry
+    if retry is None:
+        retry = spec.retry
     if r.attempt + 1 >= retry.max_attempts or (outcome == TIMEOUT and not retry.on_timeout):
         return None
-    delay = retry_delay(spec, r.attempt, retry_after, seed)
+    delay = retry_delay(spec, r.attempt, retry_after, seed, retry)
+    if delay is None:
+        return None
     r.ra_retry = (
         outcome == REJECTED
         and retry.follow_retry_after
@@ -216,6 +235,7 @@ class _Series:
         self.t: list[float] = []
         self.limit: list[list[float]] = [[] for _ in range(n_backends)]
         self.inflight: list[list[int]] = [[] for _ in range(n_backends)]
+        self.running: list[list[int]] = [[] for _ in range(n_backends)]
         self.kv: list[list[float]] = [[] for _ in range(n_backends)]
         self.waiting: list[list[int]] = [[] for _ in range(n_backends)]
         self.queued: dict[str, list[int]] = {c: [] for c in CLASSES}
@@ -227,6 +247,7 @@ class _Series:
             "t": self.t,
             "limit": self.limit,
             "inflight": self.inflight,
+            "running": self.running,
             "kv_usage": self.kv,
             "waiting": self.waiting,
             "queued": self.queued,
@@ -321,7 +342,10 @@ class _Run:
 
         self.clock = FakeClock()
         self.ctrls: list[Controller] = []  # one per gateway replica; none for `direct`
-        if not arm.is_direct:
+        self.scrape_interval = arm.scrape_interval_s or SCRAPE_INTERVAL_S
+        if arm.gateway is not None:
+            self.ctrls.append(arm.gateway(self.clock, self.names))
+        elif not arm.is_direct:
             policy = arm.phase_policies[0] if arm.phase_policies else arm.policy
             assert policy is not None
             for k in range(arm.replicas):
@@ -341,10 +365,14 @@ class _Run:
         self.healthy = [[True] * n for _ in range(self.replicas)]
         self.limits = self._read_limits()
         # A fixed limit is never cut: no reaction to measure (and reading limits costs).
-        self.measure_reaction = self.ctrl is not None and not all(
-            p.limiter.algorithm == "fixed"
-            for p in (arm.phase_policies or (arm.policy,))
-            if p is not None
+        self.measure_reaction = (
+            arm.gateway is None
+            and self.ctrl is not None
+            and not all(
+                p.limiter.algorithm == "fixed"
+                for p in (arm.phase_policies or (arm.policy,))
+                if p is not None
+            )
         )
 
     # -- the event heap ---------------------------------------------------------------
@@ -372,7 +400,7 @@ class _Run:
         # A gateway scrapes its backends as it starts (before traffic), then every
         # interval; replica k is k/replicas of an interval behind replica 0.
         for k in range(max(1, self.replicas)):
-            self.push(SCRAPE_INTERVAL_S * k / max(1, self.replicas), _SCRAPE, k)
+            self.push(self.scrape_interval * k / max(1, self.replicas), _SCRAPE, k)
         for i, e in enumerate(self.scenario.spec.events):
             self.push(e.at, _BACKEND_EVENT, i)
         if self.scenario.spec.events and self.ctrl is not None:
@@ -477,7 +505,7 @@ class _Run:
     def _retry_or_end(self, t: float, r: ReqState, outcome: str, retry_after: float | None) -> None:
         """The attempt failed: come back later if the client retries, else finish."""
         spec = r.spec
-        delay = plan_retry(r, outcome, retry_after, self.seed, t)
+        delay = plan_retry(r, outcome, retry_after, self.seed, t, self.arm.client_retry)
         if delay is not None:
             r.aid = f"{spec.request_id}.{r.attempt}"
             r.state = _WAITING_RETRY
@@ -712,7 +740,7 @@ class _Run:
                 self.ttft_window[b] = []
                 self.itl_window[b] = []
         if t < self.duration or self.outstanding > 0:
-            self.push(t + SCRAPE_INTERVAL_S, _SCRAPE, gw)
+            self.push(t + self.scrape_interval, _SCRAPE, gw)
         if gw:
             return
         if t >= self.next_series_at:
@@ -732,7 +760,8 @@ class _Run:
                 s.limit[b].append(sum(snap["backends"][name]["limit"] for snap in snaps))
         for b in range(self.n):
             s.inflight[b].append(len(self.inflight_on[b]))
-            _, waiting, kv = self.published[b]
+            running, waiting, kv = self.published[b]
+            s.running[b].append(running)
             s.kv[b].append(round(kv, 4))
             s.waiting[b].append(waiting)
         for p, c in enumerate(CLASSES):
