@@ -96,6 +96,8 @@ class ArmSpec:
     # A peer gateway in place of Sluice's Controller (`bench.peers`): it is built as
     # `gateway(clock, backend_names)` and driven through the same calls.
     gateway: Callable[[FakeClock, list[str]], Any] | None = None
+    # ... and in real mode, the arguments of `python -m sluice.bench.peers.proxy` for it
+    gateway_argv: tuple[str, ...] = ()
     # What its clients do when refused, in place of the scenario's (`bench.peers`: the
     # OpenAI SDK's rule for the peers' users).
     client_retry: Retry | None = None

@@ -53,7 +53,7 @@ from sluice.bench.harness import (
     plan_retry,
 )
 from sluice.bench.metrics import arm_results
-from sluice.bench.runner import make_plan
+from sluice.bench.runner import arrivals_per_s, make_plan
 from sluice.bench.scenario import CLASSES, Scenario
 from sluice.config import Policy
 
@@ -500,6 +500,9 @@ class _ArmRunner:
             b = self.rr % self.n
             self.rr += 1
             return self.sims[b], headers, b
+        if self.arm.gateway is not None:  # a peer proxy: the class is its priority
+            headers["X-Bench-Priority"] = str(spec.priority)
+            return self.gateway, headers, -1
         key = "sk-bench-all" if self.arm.single_class else f"sk-bench-{spec.tenant}"
         headers["Authorization"] = f"Bearer {key}"
         return self.gateway, headers, -1
@@ -720,6 +723,13 @@ def _run_one_arm(
                 raise RuntimeError(f"{exc}; gateway output: {gateway.output()}") from None
             if on_gateway is not None:
                 on_gateway(gateway_url)
+        elif arm.gateway is not None:
+            argv = [sys.executable, "-m", "sluice.bench.peers.proxy", *arm.gateway_argv]
+            for u in urls:
+                argv += ["--backend", u]
+            gateway = Proc("peer", [*argv, "--port", "0"])
+            m = gateway.wait_for_line(_PORT_LINE, START_TIMEOUT_S)
+            gateway_url = f"http://127.0.0.1:{m.group(1)}"
         reqs = [ReqState(spec) for spec in workload]
         drain = scenario.spec.drain  # already shrunk by for_real_mode
         pids = {"sims": [p.popen.pid for p in sims]}
@@ -807,7 +817,11 @@ def run_real(
             "backends": n,
             "profile": f"{profile.name} x{small.spec.backends.speed:g} speed",
             "requests": len(workload),
-            **({"trace": plan.trace} if plan.trace is not None else {}),
+            **(
+                {"trace": plan.trace, "arrivals": arrivals_per_s(workload, small.duration)}
+                if plan.trace is not None
+                else {}
+            ),
             "phases": [
                 {
                     "name": p.name,

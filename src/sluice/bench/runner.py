@@ -3,6 +3,7 @@ the oracle when it is wanted, run every arm on fresh engines, and gather results
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,14 @@ class Plan:
             "backends": n,
             "profile": self.profile.name,
             "requests": len(self.workload),
-            **({"trace": self.trace} if self.trace is not None else {}),
+            **(
+                {
+                    "trace": self.trace,
+                    "arrivals": arrivals_per_s(self.workload, self.scenario.duration),
+                }
+                if self.trace is not None
+                else {}
+            ),
             "phases": [
                 {
                     "name": p.name,
@@ -268,8 +276,23 @@ def _thin(points: list[Any], limit: int) -> list[Any]:
     return [points[int(i * step)] for i in range(limit)]
 
 
+def _finite(col: list[float]) -> list[float | None]:
+    return [None if isinstance(v, float) and math.isinf(v) else v for v in col]
+
+
+def arrivals_per_s(workload: list[ClientRequest], duration: float) -> dict[str, Any]:
+    """Arrivals per second in bins (about 200 of them), for a trace's plot."""
+    width = max(1.0, round(duration / 200))
+    n = max(1, math.ceil(duration / width))
+    counts = [0] * n
+    for r in workload:
+        counts[min(n - 1, int(r.arrival / width))] += 1
+    return {"bin_s": width, "per_s": [round(c / width, 3) for c in counts]}
+
+
 def _series_for_json(run: ArmRun) -> dict[str, Any]:
     s = dict(run.series)
+    s["limit"] = [_finite(col) for col in s["limit"]]  # a peer without a cap: no limit
     # TTFT per class over time: (time of the first token, TTFT from the first attempt)
     ttft: dict[str, list[tuple[float, float]]] = {"P0": [], "P1": [], "P2": []}
     for r in run.requests:

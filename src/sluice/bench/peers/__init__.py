@@ -58,6 +58,7 @@ def peer_arm(name: str, *, cap: int, seed: int = 0) -> ArmSpec:
     return ArmSpec(
         name,
         gateway=peer_factory(name, cap=cap, seed=seed),
+        gateway_argv=("--arm", name, "--cap", str(cap), "--seed", str(seed)),
         client_retry=OPENAI_SDK_RETRY,
         scrape_interval_s=REFRESH_METRICS_INTERVAL_S if name.startswith("gie") else None,
     )
