@@ -74,6 +74,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="column value -> class, e.g. GPT-4=P0,ChatGPT=P1",
     )
     parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="instead of the arms: the sweet spot by a closed-loop sweep of one backend, "
+        "virtual time (at real size) and, with --mode real, a real simulator beside it",
+    )
+    parser.add_argument(
+        "--sweep-levels",
+        metavar="C,C,...",
+        help="concurrency levels to sweep (default: 0.5x to 1.5x the calibrated sweet spot)",
+    )
+    parser.add_argument(
         "--real-size",
         action="store_true",
         help="virtual mode at the size real mode uses (the scenario's `real` section), to "
@@ -182,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]sluice bench: cannot create {out}: {exc.strerror}[/red]")
         return 1
 
+    if args.sweep:
+        return _run_sweep(scenario, args, console, err, out)
     started = time.perf_counter()
     try:
         results = _run_with_progress(scenario, arms, args, console)
@@ -237,6 +250,77 @@ def _run_with_progress(
             console.print(f"Gateway up: watch it live at [bold]{url}/dashboard[/bold]")
 
         return run_real(scenario, arms, seed=args.seed, progress=progress, on_gateway=announce)
+
+
+def _run_sweep(scenario: Any, args: argparse.Namespace, console: Any, err: Any, out: Path) -> int:
+    from rich.table import Table
+
+    from sluice.bench.runner import make_plan
+    from sluice.bench.sweep import MEASURE_S, default_levels, sweep_real, sweep_virtual
+
+    small = scenario.for_real_mode() if args.mode == "real" or args.real_size else scenario
+    plan = make_plan(small, seed=args.seed)
+    small = plan.scenario
+    try:
+        levels = (
+            [int(x) for x in args.sweep_levels.split(",") if x.strip()]
+            if args.sweep_levels
+            else default_levels(plan.sweet_spots[0])
+        )
+    except ValueError:
+        err.print(f"[red]sluice bench: --sweep-levels: integers, got {args.sweep_levels!r}[/red]")
+        return 2
+    doc: dict[str, Any] = {
+        "scenario": scenario.name,
+        "mode": "sweep",
+        "calibrated_sweet_spot": plan.sweet_spots[0],
+        "virtual": sweep_virtual(small, levels, horizon=MEASURE_S),
+    }
+    if args.mode == "real":
+        with console.status("real closed-loop sweep") as status:
+
+            def progress(label: str, fraction: float) -> None:
+                status.update(f"{label} ({100 * fraction:.0f}%)")
+
+            try:
+                doc["real"] = sweep_real(
+                    small, levels, horizon=MEASURE_S, seed=plan.seed, progress=progress
+                )
+            except RuntimeError as exc:
+                err.print(f"[red]sluice bench: {exc}[/red]")
+                return 1
+    (out / "results.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    table = Table(title=f"closed-loop sweep, {scenario.name} (one backend)")
+    table.add_column("in flight", justify="right")
+    modes = [m for m in ("virtual", "real") if m in doc]
+    for m in modes:
+        for h in ("tok/s", "req/s", "preempt", "TPOT p95 ms", "running"):
+            table.add_column(f"{m} {h}", justify="right")
+    for i, c in enumerate(levels):
+        row = [str(c)]
+        for m in modes:
+            r = doc[m]["levels"][i]
+            tpot = r["tpot_p95_s"]
+            row += [
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['rps']:.2f}",
+                str(r["preemptions"]),
+                "-" if tpot is None else f"{1000 * tpot:.0f}",
+                "-" if r["running_mean"] is None else f"{r['running_mean']:.1f}",
+            ]
+        table.add_row(*row)
+    console.print(table)
+    for m in modes:
+        d = doc[m]
+        console.print(
+            f"{m}: sweet spot {d['sweet_spot']} (no preemption, TPOT p95 within the P0 SLO), "
+            f"throughput knee {d['knee']}, preemptions from {d['preemptions_from']}"
+        )
+    if "real" in doc:
+        cpu = doc["real"]["cpu"]
+        console.print(f"CPU busy during the real sweep: max {cpu['busy_fraction_max']}")
+    console.print(f"Results: {out / 'results.json'}")
+    return 0
 
 
 def _print_summary(console: Any, results: dict[str, Any], wall: float) -> None:

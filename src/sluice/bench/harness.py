@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
@@ -243,9 +244,11 @@ class _Series:
         self.queued: dict[str, list[int]] = {c: [] for c in CLASSES}
         self.rejected: dict[str, list[int]] = {}
         self.pressure: list[float] = []
+        self.extra: dict[str, Any] = {}  # "cuts": limit cuts by reason, cumulative
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            **self.extra,
             "t": self.t,
             "limit": self.limit,
             "inflight": self.inflight,
@@ -760,6 +763,12 @@ class _Run:
             s.pressure.append(round(pressure, 4))
             for b, name in enumerate(self.names):
                 s.limit[b].append(sum(snap["backends"][name]["limit"] for snap in snaps))
+            if self.arm.gateway is None:
+                cuts: dict[str, int] = {}
+                for snap in snaps:
+                    for reason, n in cuts_so_far(snap).items():
+                        cuts[reason] = cuts.get(reason, 0) + n
+                add_cuts_sample(s.extra, len(s.t), cuts)
         for b in range(self.n):
             s.inflight[b].append(len(self.inflight_on[b]))
             running, waiting, kv = self.published[b]

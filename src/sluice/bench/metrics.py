@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sluice.bench.cuts import limiter_states
 from sluice.bench.harness import CANCELLED, FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, ArmRun
 from sluice.bench.scenario import CLASSES, Scenario, Slo
 
@@ -211,6 +212,7 @@ def arm_results(
             "max_s": _r(max(reactions) if reactions else None),
         },
         "phases": per_phase,
+        "limiters": limiter_states(run.controller_snapshot),
         "virtual_end_s": round(run.ended_at, 3),
         "wall_s": round(run.wall_s, 3),
         "events": run.events,

@@ -39,6 +39,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.bench.arms import arm_spec
+from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.harness import (
     CANCELLED,
     FAILED,
@@ -244,10 +245,31 @@ def start_sims(scenario: Scenario) -> tuple[list[Proc], list[str]]:
     return procs, urls
 
 
+ADMIN_KEY = "sk-bench-admin"  # the bench reads each limiter's state from /admin/state
+
+
 def policy_yaml(policy: Policy, urls: list[str]) -> str:
     doc = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
     doc["backends"] = [{"name": f"b{i}", "url": u} for i, u in enumerate(urls)]
+    doc.setdefault("admin", {}).setdefault("apiKeys", []).append(ADMIN_KEY)
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+async def controller_state(session: aiohttp.ClientSession, gateway: str) -> dict[str, Any] | None:
+    """The gateway's controller snapshot (limits, limiters' state), or None."""
+    try:
+        async with session.get(
+            f"{gateway}/admin/state",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=aiohttp.ClientTimeout(total=2.0),
+        ) as r:
+            if r.status != 200:
+                return None
+            doc = orjson.loads(await r.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    controller = doc.get("controller")
+    return controller if isinstance(controller, dict) else None
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, within_s: float) -> None:
@@ -350,6 +372,7 @@ class _ArmRunner:
         # engine counters, at the start and as last scraped (see `recomputed_tokens`)
         self.counters0: list[dict[str, float]] = [{} for _ in sims]
         self.counters: list[dict[str, float]] = [{} for _ in sims]
+        self.controller_snapshot: dict[str, Any] | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -397,6 +420,8 @@ class _ArmRunner:
                     await monitor
             self.cpu_use = self._cpu_use(proc0, bench0)
             await self._scrape_sims(record=True)
+            if self.gateway is not None and self.arm.policy is not None:
+                self.controller_snapshot = await controller_state(session, self.gateway)
             return self.now()
 
     def recomputed_tokens(self) -> int | None:
@@ -610,6 +635,9 @@ class _ArmRunner:
             gw = None if text is None else parse_metrics(text)
         s = self.series
         s["t"].append(round(self.now(), 3))
+        if self.gateway is not None and self.arm.policy is not None:
+            snap = await controller_state(self.session, self.gateway)
+            add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap else {})
         for i, m in enumerate(sims):
             kv = None if m is None else _first(m, "vllm:kv_cache_usage_perc")
             waiting = None if m is None else _first(m, "vllm:num_requests_waiting")
@@ -766,6 +794,7 @@ def _run_one_arm(
         series=runner.series,
         wall_s=time.perf_counter() - started,
         events=0,
+        controller_snapshot=runner.controller_snapshot,
     )
     return run, {"cpu": runner.cpu_use, "recomputed_measured": recomputed is not None}
 

@@ -291,6 +291,20 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
             mark_phases(ax)
         axes[-1].set_xlabel("time (s)")
         save(fig, "rejections.png")
+
+    # Sluice's limit cuts by reason (which signal held the limit down)
+    with_cuts = {k: v for k, v in arms.items() if v["series"].get("cuts")}
+    if with_cuts:
+        fig, axes = grid(len(with_cuts), "Limit cuts by reason (cumulative, all backends)")
+        for ax, (name, a) in zip(axes, with_cuts.items(), strict=True):
+            s = a["series"]
+            for reason, col in sorted(s["cuts"].items()):
+                ax.plot(s["t"][: len(col)], col, lw=1, label=reason)
+            ax.set_ylabel(name)
+            ax.legend(loc="upper left", fontsize=7)
+            mark_phases(ax)
+        axes[-1].set_xlabel("time (s)")
+        save(fig, "limit_cuts.png")
     return files
 
 
