@@ -74,6 +74,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="column value -> class, e.g. GPT-4=P0,ChatGPT=P1",
     )
     parser.add_argument(
+        "--cap",
+        type=int,
+        metavar="N",
+        help="the static and litellm arms' cap per backend (default: the first phase's "
+        "calibrated sweet spot; give the one a real --sweep found to compare in real mode)",
+    )
+    parser.add_argument(
         "--sweep",
         action="store_true",
         help="instead of the arms: the sweet spot by a closed-loop sweep of one backend, "
@@ -243,13 +250,15 @@ def _run_with_progress(
 
             if args.real_size:
                 scenario = scenario.for_real_mode()
-            return run_virtual(scenario, arms, seed=args.seed, progress=progress)
+            return run_virtual(scenario, arms, seed=args.seed, progress=progress, cap=args.cap)
         from sluice.bench.real import run_real
 
         def announce(url: str) -> None:
             console.print(f"Gateway up: watch it live at [bold]{url}/dashboard[/bold]")
 
-        return run_real(scenario, arms, seed=args.seed, progress=progress, on_gateway=announce)
+        return run_real(
+            scenario, arms, seed=args.seed, progress=progress, on_gateway=announce, cap=args.cap
+        )
 
 
 def _run_sweep(scenario: Any, args: argparse.Namespace, console: Any, err: Any, out: Path) -> int:

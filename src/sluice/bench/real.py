@@ -806,9 +806,11 @@ def run_real(
     seed: int | None = None,
     progress: Progress | None = None,
     on_gateway: Callable[[str], None] | None = None,
+    cap: int | None = None,
 ) -> dict[str, Any]:
     """Run the arms against real processes; the results.json document (mode "real").
-    `on_gateway(url)` is called when an arm's gateway is up (to show its dashboard)."""
+    `on_gateway(url)` is called when an arm's gateway is up (to show its dashboard).
+    `cap`: the `static` and `litellm` arms' cap (default: the first phase's sweet spot)."""
     started = time.perf_counter()
     plan = make_plan(scenario.for_real_mode(), seed=seed)
     small, seed, profile = plan.scenario, plan.seed, plan.profile
@@ -823,7 +825,8 @@ def run_real(
     samples: list[float] = []
     results: dict[str, Any] = {}
     for name in arms:
-        spec = arm_spec(name, small, max_limit=profile.max_num_seqs, static_cap=caps[0].sweet_spot)
+        static_cap = cap or caps[0].sweet_spot
+        spec = arm_spec(name, small, max_limit=profile.max_num_seqs, static_cap=static_cap)
         run, extra = _run_one_arm(small, spec, workload, seed, progress, on_gateway)
         cpu = extra["cpu"]
         samples += cpu.pop("busy_samples")
@@ -833,8 +836,8 @@ def run_real(
         res["limit_reaction"] = None  # measured in virtual time only
         if not extra["recomputed_measured"]:
             res["wasted_breakdown"]["recomputed_after_preemption"] = None
-        if name == "static":
-            res["cap"] = caps[0].sweet_spot
+        if name in ("static", "litellm"):
+            res["cap"] = static_cap
         results[name] = res
     return {
         "scenario": scenario.name,

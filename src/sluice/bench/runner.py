@@ -213,8 +213,10 @@ def run_virtual(
     *,
     seed: int | None = None,
     progress: Progress | None = None,
+    cap: int | None = None,
 ) -> dict[str, Any]:
-    """Run the arms of a scenario in virtual time; the results.json document."""
+    """Run the arms of a scenario in virtual time; the results.json document. `cap`: the
+    `static` and `litellm` arms' cap (default: the first phase's sweet spot)."""
     started = time.perf_counter()
     arms = list(arms or scenario.spec.arms)
     for a in arms:
@@ -236,15 +238,15 @@ def run_virtual(
             a,
             scenario,
             max_limit=plan.max_limit,
-            static_cap=plan.sweet_spots[0],
+            static_cap=cap or plan.sweet_spots[0],
             oracle_caps=oracle_caps,
         )
         run = run_plan_arm(plan, spec, progress, a)
         runs[a] = run
         res = arm_results(run, scenario, sweet_spots=plan.sweet_spots, settle_targets=oracle_caps)
         res["series"] = _series_for_json(run)
-        if a == "static":
-            res["cap"] = plan.sweet_spots[0]
+        if a in ("static", "litellm"):
+            res["cap"] = cap or plan.sweet_spots[0]
         if a == "oracle":
             res["caps_per_phase"] = oracle_caps
         results[a] = res

@@ -390,12 +390,10 @@ class Scenario:
             for e in self.spec.events
             if e.backend < real.backends.count
         )
+        # A trace's slice gets shorter, but its time runs as fast: its drain stays.
+        drain = self.spec.drain * (1.0 if self.trace is not None else real.duration_scale)
         spec = self.spec.model_copy(
-            update={
-                "backends": real.backends,
-                "events": events,
-                "drain": self.spec.drain * real.duration_scale,
-            }
+            update={"backends": real.backends, "events": events, "drain": drain}
         )
         trace = self.trace
         if trace is not None:
