@@ -1,7 +1,10 @@
 """/metrics for the simulator with vLLM V1's metric names, labels and buckets.
 
-Gauges and counters are read from the engine when scraped (nothing to update per step);
-histograms are fed from each step's result. Each `SimMetrics` has its own
+Gauges and counters are read when scraped from a snapshot of the engine: by default the
+one the driver published at the end of the last step (`EngineDriver.published`: vLLM V1
+reports its scheduler's stats once per step, so a request that arrived during the step is
+not "waiting" yet), else the engine's live state; histograms are fed from each step's
+result. Each `SimMetrics` has its own
 CollectorRegistry, so several simulators can live in one process. Histograms are kept
 here rather than in prometheus_client.Histogram because a step observes one value per
 running request, and a bisect into a list is several times cheaper."""
@@ -9,7 +12,7 @@ running request, and a bisect into a list is several times cheaper."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -20,7 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sluice.sim.engine import FINISH_REASONS, Engine, StepResult
+from sluice.sim.engine import FINISH_REASONS, Engine, EngineSnapshot, StepResult
 
 # vLLM V1 (vllm/v1/metrics/loggers.py) buckets
 TTFT_BUCKETS = (
@@ -77,8 +80,17 @@ def _fmt(bound: float) -> str:
 
 
 class SimMetrics(Collector):
-    def __init__(self, engine: Engine, model_name: str, *, engine_index: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        *,
+        engine_index: int = 0,
+        snapshot: Callable[[], EngineSnapshot] | None = None,
+    ) -> None:
         self.engine = engine
+        # what a scrape reads: the driver's published state (module docstring)
+        self._snapshot = snapshot or engine.snapshot
         self.model_name = model_name
         self._labels = [model_name, str(engine_index)]
         max_len = engine.profile.max_model_len
@@ -175,7 +187,7 @@ class SimMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]
         values = self._labels
-        snap = self.engine.snapshot()
+        snap = self._snapshot()
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=labels)

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from sluice.sim.driver import EngineDriver, RequestHandle
-from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
+from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest, EngineSnapshot
 from sluice.sim.metrics import SimMetrics
 from sluice.sim.openai_api import (
     CHAT,
@@ -50,9 +50,12 @@ class SimServer:
         self.profile = profile
         self.model_name = model_name
         self.engine = Engine(profile, seed=seed)
-        self.metrics = SimMetrics(self.engine, model_name)
+        self.metrics = SimMetrics(self.engine, model_name, snapshot=self._published)
         self.driver = EngineDriver(self.engine, on_step=self.metrics.observe_step)
         self.created = int(time.time())
+
+    def _published(self) -> EngineSnapshot:
+        return self.driver.published
 
     # -- lifecycle ------------------------------------------------------------------
 
