@@ -28,12 +28,15 @@ AZURE_2024 = """TIMESTAMP,ContextTokens,GeneratedTokens
 2024-05-10 00:00:02.5+00:00,300,30
 """
 
-BURSTGPT_V2 = """Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type
-5,a,1,ChatGPT,472,18,490,Conversation log
+BURSTGPT_V2 = (
+    "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,"
+    "Log Type\n"
+    """5,a,1,ChatGPT,472,18,490,Conversation log
 45,b,1,ChatGPT,1087,230,1317,Conversation log
 50,c,1,GPT-4,300,0,300,Conversation log
 118,d,1,GPT-4,417,276,693,API log
 """
+)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
