@@ -404,3 +404,74 @@ def test_a_streaming_client_that_disconnects_aborts_its_request(
     m = store_sim.metrics()
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0.0
     assert m['vllm:request_success_total{finished_reason="length"}'] == 0
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+ROUTES = [
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/embeddings",
+    "/v2/embed",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/score",
+    "/v1/score",
+    "/tokenize",
+    "/detokenize",
+    "/v1/chat/completions/batch",
+]
+BAD_BODIES: list[Any] = [
+    [],
+    "text",
+    {},
+    {"model": 5},
+    {"input": {"x": 1}, "messages": 3, "query": [1], "documents": 7, "tokens": "x"},
+    {"input": [[1, "a"]], "messages": [[]], "texts": [], "text_1": [], "text_2": []},
+    {"model": "sluice-sim", "messages": [{"role": "user", "content": {"a": 1}}], "max_tokens": 1},
+    {"input": [{"type": "message"}], "max_output_tokens": -1, "top_n": -1, "prompt": 7},
+    {"input": "x", "max_output_tokens": 1.5, "temperature": "hot", "stream": "yes"},
+]
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_bad_input_gets_a_clear_error_never_a_crash(shared_sim: SimProcess, path: str) -> None:
+    not_json = httpx.post(
+        shared_sim.url + path,
+        content=b"{nope",
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert not_json.status_code == 400, not_json.text
+    refused = 0
+    for body in BAD_BODIES:
+        r = post(shared_sim, path, body)
+        assert r.status_code < 500, (body, r.status_code, r.text)
+        if r.status_code >= 400:  # (a route ignores fields it does not know, as vLLM does)
+            refused += 1
+            answer = r.json()
+            assert "error" in answer and answer["error"]["message"], (body, answer)
+    assert refused >= len(BAD_BODIES) - 2
+
+
+def test_bad_uploads_get_a_clear_error(shared_sim: SimProcess) -> None:
+    url = shared_sim.url + "/v1/audio/transcriptions"
+    cases = [
+        httpx.post(url, content=b"--x\r\n", headers={"Content-Type": "multipart/form-data"}),
+        httpx.post(
+            url, content=b"junk", headers={"Content-Type": "multipart/form-data; boundary=b"}
+        ),
+        httpx.post(url, json={"file": "x"}),
+        httpx.post(url, files={"file": ("a.wav", b"")}),
+        httpx.post(url, files={"file": ("a.wav", wav(1))}, data={"stream": "maybe"}),
+        httpx.post(url, files={"file": ("a.wav", wav(1))}, data={"max_completion_tokens": "x"}),
+        httpx.post(url, files={"file": ("a.wav", wav(1))}, data={"model": "nope"}),
+        # a header that claims one byte a second: far past vLLM's 600 s limit
+        httpx.post(url, files={"file": ("a.wav", wav(1)[:28] + b"\x01\x00\x00\x00" + wav(1)[32:])}),
+    ]
+    for r in cases:
+        assert 400 <= r.status_code < 500, r.text
+        assert r.json()["error"]["message"]
+    assert "maximum allowed duration of 600s" in cases[-1].json()["error"]["message"]

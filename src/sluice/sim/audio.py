@@ -23,11 +23,14 @@ The simulator's rule, from that:
   stream `prompt_tokens` = decoder prompt + ceil(duration x 100) (vLLM's
   `get_num_audio_tokens`: 16 kHz over a 160-sample hop).
 The words come from `tokens.WORDS`, starting at a place chosen by a hash of the upload.
+An upload longer than vLLM's `VLLM_MAX_AUDIO_DECODE_DURATION_S` (600 s unless that variable
+says otherwise) is refused with vLLM's message (vllm/multimodal/media/audio.py).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -40,6 +43,14 @@ DECODER_PROMPT = 4  # <|startoftranscript|><|lang|><|task|><|notimestamps|>
 COMPRESSED_BYTES_PER_S = 16_000
 TOKENS_PER_S = 3.0
 MEL_FRAMES_PER_S = 100  # 16 kHz sample rate / 160-sample hop
+MAX_DURATION_ENV = "VLLM_MAX_AUDIO_DECODE_DURATION_S"
+
+
+def max_duration_s() -> int:
+    try:
+        return int(os.environ.get(MAX_DURATION_ENV, "600"))
+    except ValueError:
+        return 600
 
 
 def wav_duration(data: bytes) -> float | None:
@@ -94,7 +105,14 @@ class AudioCost:
 
 
 def cost(data: bytes, prompt: str = "") -> AudioCost:
+    """ValueError (vLLM's message) when the audio is longer than allowed."""
     duration = duration_of(data)
+    limit = max_duration_s()
+    if duration > limit:
+        raise ValueError(
+            f"Audio exceeds maximum allowed duration of {limit}s (metadata reports "
+            f"{duration:.1f}s). Set {MAX_DURATION_ENV} to increase this limit."
+        )
     decoder = DECODER_PROMPT + (1 + tokens.count_text_tokens(prompt) if prompt else 0)
     count = max(1, math.ceil(duration / WINDOW_S))
     windows = []

@@ -51,16 +51,20 @@ def _flag(form: dict[str, Any], name: str) -> bool:
 async def _read_form(request: web.Request) -> tuple[dict[str, str], bytes]:
     if not request.content_type.startswith("multipart/"):
         raise fields.invalid("file", "Field required", "missing")
-    reader = await request.multipart()
     form: dict[str, str] = {}
     data: bytes | None = None
-    async for part in reader:
-        if not isinstance(part, BodyPartReader):
-            continue
-        if part.name == "file":
-            data = bytes(await part.read(decode=False))
-        elif part.name:
-            form[part.name] = await part.text()
+    try:
+        reader = await request.multipart()
+        async for part in reader:
+            if not isinstance(part, BodyPartReader):
+                continue
+            if part.name == "file":
+                data = bytes(await part.read(decode=False))
+            elif part.name:
+                form[part.name] = await part.text()
+    except (ValueError, AssertionError, UnicodeDecodeError, LookupError) as exc:
+        # a malformed multipart body (no boundary, bad headers, an unknown charset)
+        raise bad_request(f"malformed multipart body: {exc}") from None
     if data is None:
         raise fields.invalid("file", "Field required", "missing")
     return form, data
@@ -108,7 +112,10 @@ class AudioRoutes:
                 raise fields.invalid(
                     "max_completion_tokens", "Input should be a valid integer", "int_type"
                 ) from None
-            cost = audio.cost(data, form.get("prompt") or "")
+            try:
+                cost = audio.cost(data, form.get("prompt") or "")
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
             prompt_tokens = cost.windows[0].prompt_tokens
             if prompt_tokens >= max_model_len:
                 raise bad_request(
