@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from sluice.sim.engine import (
     FINISH_ABORT,
+    FINISH_STOP,
     Engine,
     EngineRequest,
     EngineSnapshot,
@@ -64,6 +65,11 @@ class RequestHandle:
 
     def on_abort(self) -> None:
         self.finish_reason = FINISH_ABORT
+        self._wake()
+
+    def on_pooled(self) -> None:
+        """A prefill-only request is done: its prompt is computed, no token comes."""
+        self.finish_reason = FINISH_STOP
         self._wake()
 
     def _wake(self) -> None:
@@ -162,3 +168,7 @@ class EngineDriver:
                 handle = handles.pop(stats.request_id, None)
                 if handle is not None:
                     handle.on_abort()
+            elif stats.pooling:
+                handle = handles.pop(stats.request_id, None)
+                if handle is not None:
+                    handle.on_pooled()
