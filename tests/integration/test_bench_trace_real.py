@@ -17,12 +17,12 @@ from sluice.cli import main
 pytestmark = pytest.mark.integration
 
 # 2 minutes of the trace (from its busiest stretch), its busiest minute at 1.5x the two
-# simulators' capacity; lengths x 0.25 for the tiny profile; simulators at half speed so
+# simulators' capacity; lengths x 0.25 for the tiny profile; simulators at full speed so
 # that the slice plays in about 35 s.
 SLICE = """
 name: azure-slice
 seed: 1
-backends: {count: 2, profile: tiny, speed: 0.5}
+backends: {count: 2, profile: tiny, speed: 1}
 clients:
   P0: {deadline: 30s, retry: {maxAttempts: 3, spread: 0.5}}
   P1: {deadline: 60s, retry: {maxAttempts: 4, spread: 0.5}}
@@ -34,7 +34,7 @@ trace:
   peak: 1.5
 drain: 40s
 real:
-  backends: {count: 2, profile: tiny, speed: 0.5}
+  backends: {count: 2, profile: tiny, speed: 1}
   lengthScale: 0.25
   durationScale: 1
 """
@@ -42,6 +42,7 @@ real:
 TOLERANCE = 0.15  # SLO attainment, absolute (the burst comparison's)
 
 
+@pytest.mark.timeout(600)
 def test_a_trace_slice_replayed_for_real_agrees_with_virtual_time(tmp_path: Path) -> None:
     path = tmp_path / "slice.yaml"
     path.write_text(SLICE)

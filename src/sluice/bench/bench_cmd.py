@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from sluice.bench.arms import ARMS, VIRTUAL_ONLY
+from sluice.bench.noise import parse_jitter
 from sluice.bench.scenario import ScenarioError, builtin_scenarios, load_scenario
 
 
@@ -79,6 +80,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the static and litellm arms' cap per backend (default: the first phase's "
         "calibrated sweet spot; give the one a real --sweep found to compare in real mode)",
+    )
+    parser.add_argument(
+        "--jitter",
+        metavar="P50_MS,P99_MS",
+        help="virtual time: delay each engine step's tokens on their way to the gateway by "
+        "a lognormal lag of this median and p99 (a busy machine's event loops; take a real "
+        "run's arrival_late figures)",
     )
     parser.add_argument(
         "--sweep",
@@ -175,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("the trace options need --trace or a scenario with a trace")
         scenario = load_scenario(name, overrides)
         arms = _arms(args, scenario.spec.arms)
+        if args.jitter:
+            if args.mode == "real":
+                raise ValueError("--jitter models noise in virtual time; real mode has its own")
+            parse_jitter(args.jitter)
     except ScenarioError as exc:
         err.print(f"[red]{exc.source}: invalid scenario[/red]")
         for line in exc.errors:
@@ -250,7 +262,10 @@ def _run_with_progress(
 
             if args.real_size:
                 scenario = scenario.for_real_mode()
-            return run_virtual(scenario, arms, seed=args.seed, progress=progress, cap=args.cap)
+            jitter = parse_jitter(args.jitter) if args.jitter else None
+            return run_virtual(
+                scenario, arms, seed=args.seed, progress=progress, cap=args.cap, jitter=jitter
+            )
         from sluice.bench.real import run_real
 
         def announce(url: str) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.bench.cuts import add_cuts_sample, cuts_so_far
+from sluice.bench.noise import Jitter
 from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
@@ -64,6 +65,7 @@ _GIVE_UP = 4
 _BACKEND_EVENT = 5
 _HEALTH = 6
 _PHASE = 7
+_DELIVER = 8  # a step's tokens reach the gateway (with latency noise: `bench.noise`)
 
 # request outcomes
 OK = "ok"  # finished
@@ -293,6 +295,7 @@ class _Run:
         seed: int,
         series_interval: float,
         progress: Callable[[float], None] | None,
+        jitter: Jitter | None = None,
     ) -> None:
         self.scenario = scenario
         self.arm = arm
@@ -304,6 +307,9 @@ class _Run:
         self.names = [f"b{i}" for i in range(n)]
         self.name_index = {name: i for i, name in enumerate(self.names)}
         self.engines = [Engine(profile, seed=seed + i) for i in range(n)]
+        self.jitter = jitter
+        self.jitter_rng = [jitter.sampler(seed, i) for i in range(n)] if jitter else []
+        self.delivered_until = [0.0] * n  # deliveries of a backend stay in order
         self.engine_gen = [0] * n  # bumped when a backend dies: its step events go stale
         self.busy = [False] * n
         self.dead = [False] * n
@@ -442,6 +448,8 @@ class _Run:
                 self._health(t)
             elif kind == _BACKEND_EVENT:
                 self._backend_event(t, payload)
+            elif kind == _DELIVER:
+                self._deliver(t, payload)
             elif kind == _PHASE:
                 assert self.ctrls and self.arm.phase_policies is not None
                 for ctrl in self.ctrls:
@@ -654,6 +662,30 @@ class _Run:
         self.published[b] = state
         if result.preempted:
             self._preempted(t, b, result)
+        if self.jitter is not None:
+            # the gateway sees this step's tokens later, in order; the engine goes on now
+            at = max(t + self.jitter.draw(self.jitter_rng[b]), self.delivered_until[b])
+            self.delivered_until[b] = at
+            self.push(at, _DELIVER, (b, gen, result))
+        else:
+            self._tokens(t, b, result)
+        if self.engines[b].has_work():
+            self._start_step(t, b)
+        else:
+            self.busy[b] = False
+        if self.ctrls:
+            self._pump(t)
+
+    def _deliver(self, t: float, payload: tuple[int, int, StepResult]) -> None:
+        b, gen, result = payload
+        if gen != self.engine_gen[b]:
+            return  # the backend died since: its requests were cut then
+        self._tokens(t, b, result)
+        if self.ctrls:
+            self._pump(t)
+
+    def _tokens(self, t: float, b: int, result: StepResult) -> None:
+        """A step's tokens reach their clients (and the gateway) at `t`."""
         by_aid = self.by_aid
         ctrls = self.ctrls
         ttfts = self.ttft_window[b]
@@ -679,12 +711,6 @@ class _Run:
                 self._completed(t, r, CANCELLED)
         if gen_tokens:
             self.itl_window[b].append((result.duration, gen_tokens))
-        if self.engines[b].has_work():
-            self._start_step(t, b)
-        else:
-            self.busy[b] = False
-        if ctrls:
-            self._pump(t)
 
     def _completed(self, t: float, r: ReqState, outcome: str) -> None:
         b = r.backend
@@ -864,8 +890,10 @@ def run_arm(
     seed: int = 0,
     series_interval: float = SCRAPE_INTERVAL_S,
     progress: Callable[[float], None] | None = None,
+    jitter: Jitter | None = None,
 ) -> ArmRun:
-    """Run one arm on fresh engines; the workload is not modified."""
+    """Run one arm on fresh engines; the workload is not modified. `jitter`: latency noise
+    between the engines and the gateway (`bench.noise`; None: exact virtual time)."""
     import time
 
     started = time.perf_counter()
@@ -877,6 +905,7 @@ def run_arm(
         seed=seed,
         series_interval=series_interval,
         progress=progress,
+        jitter=jitter,
     )
     run.run()
     return ArmRun(

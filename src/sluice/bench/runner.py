@@ -13,6 +13,7 @@ from sluice.bench.arms import ARMS, arm_spec, fixed_cap_arm
 from sluice.bench.capacity import Capacity, calibrate
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
+from sluice.bench.noise import Jitter
 from sluice.bench.replay import plan_trace
 from sluice.bench.scenario import Scenario
 from sluice.bench.workload import ClientRequest, generate
@@ -34,6 +35,7 @@ class Plan:
     rates_rps: list[float]  # per phase, all backends
     workload: list[ClientRequest]
     trace: dict[str, Any] | None = None  # how a trace was replayed (`bench.replay`)
+    jitter: Jitter | None = None  # latency noise every arm's run gets (`bench.noise`)
 
     @property
     def sweet_spots(self) -> list[int]:
@@ -135,6 +137,7 @@ def run_plan_arm(
         seed=plan.seed,
         series_interval=series_interval,
         progress=tick,
+        jitter=plan.jitter,
     )
 
 
@@ -214,9 +217,11 @@ def run_virtual(
     seed: int | None = None,
     progress: Progress | None = None,
     cap: int | None = None,
+    jitter: Jitter | None = None,
 ) -> dict[str, Any]:
     """Run the arms of a scenario in virtual time; the results.json document. `cap`: the
-    `static` and `litellm` arms' cap (default: the first phase's sweet spot)."""
+    `static` and `litellm` arms' cap (default: the first phase's sweet spot). `jitter`:
+    latency noise between engines and gateway for every run, the oracle's sweep included."""
     started = time.perf_counter()
     arms = list(arms or scenario.spec.arms)
     for a in arms:
@@ -225,6 +230,7 @@ def run_virtual(
     if progress is not None:
         progress("calibrating capacity", 0.0)
     plan = make_plan(scenario, seed=seed)
+    plan.jitter = jitter
     scenario = plan.scenario  # a trace's phase is in bench time only now
     calibrated = time.perf_counter()
     oracle_caps: list[int] | None = None
@@ -256,6 +262,9 @@ def run_virtual(
         "mode": "virtual",
         "seed": plan.seed,
         "cpu": {"busy_fraction_max": None, "saturated": False},
+        **(
+            {"jitter": {"p50_s": jitter.p50_s, "p99_s": jitter.p99_s}} if jitter is not None else {}
+        ),
         "plan": plan.describe(),
         "slos": {c: s.model_dump(exclude_none=True) for c, s in scenario.slos.items()},
         "oracle_sweep": sweep,
