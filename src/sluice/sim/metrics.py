@@ -1,11 +1,11 @@
 """/metrics for the simulator with vLLM V1's metric names, labels and buckets.
 
-Gauges and counters are read when scraped from a snapshot of the engine: by default the
-one the driver published at the end of the last step (`EngineDriver.published`: vLLM V1
-reports its scheduler's stats once per step, so a request that arrived during the step is
-not "waiting" yet), else the engine's live state; histograms are fed from each step's
-result. Each `SimMetrics` has its own
-CollectorRegistry, so several simulators can live in one process. Histograms are kept
+The scheduler's gauges (running, waiting, KV usage) are read when scraped from the
+snapshot the driver published at the end of the last step (`EngineDriver.published`, or
+the engine's live state without a driver: vLLM V1 reports its scheduler's stats once per
+step, so a request that arrived during the step is not "waiting" yet); counters are read
+from the engine when scraped; histograms are fed from each step's result. Each
+`SimMetrics` has its own CollectorRegistry, so several simulators can live in one process. Histograms are kept
 here rather than in prometheus_client.Histogram because a step observes one value per
 running request, and a bisect into a list is several times cheaper."""
 
@@ -206,7 +206,8 @@ class SimMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]
         values = self._labels
-        snap = self._snapshot()
+        published = self._snapshot()  # the scheduler's gauges, as of the last step
+        snap = self.engine.snapshot()  # counters: as counted so far
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=labels)
@@ -221,19 +222,23 @@ class SimMetrics(Collector):
         yield gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
-            snap.running,
+            published.running,
         )
         yield gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", snap.waiting
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            published.waiting,
         )
         yield gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", snap.kv_usage
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            published.kv_usage,
         )
         yield gauge(
             "vllm:gpu_cache_usage_perc",
             "GPU KV-cache usage. 1 means 100 percent usage. "
             "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
-            snap.kv_usage,
+            published.kv_usage,
         )
         yield counter(
             "vllm:num_preemptions",
