@@ -5,9 +5,10 @@ snapshot the driver published at the end of the last step (`EngineDriver.publish
 the engine's live state without a driver: vLLM V1 reports its scheduler's stats once per
 step, so a request that arrived during the step is not "waiting" yet); counters are read
 from the engine when scraped; histograms are fed from each step's result. Each
-`SimMetrics` has its own CollectorRegistry, so several simulators can live in one process. Histograms are kept
-here rather than in prometheus_client.Histogram because a step observes one value per
-running request, and a bisect into a list is several times cheaper."""
+`SimMetrics` has its own CollectorRegistry, so several simulators can live in one
+process. Histograms are kept here rather than in prometheus_client.Histogram because a
+step observes one value per running request, and a bisect into a list is several times
+cheaper."""
 
 from __future__ import annotations
 
