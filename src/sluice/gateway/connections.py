@@ -230,14 +230,14 @@ class GatewayServer(web.Server):
         self.refused_total += 1
         if self._on_refused is not None:
             self._on_refused()
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_TOO_MANY)
+        # (uvloop's transports are not asyncio.Transport subclasses, but behave as one)
+        transport.write(_TOO_MANY)  # type: ignore[attr-defined]
         if self.lingering >= MAX_LINGERING:
             transport.close()
             return
         self.lingering += 1
-        if transport.can_write_eof():
-            transport.write_eof()
+        if transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
         self._loop.call_later(LINGER_S, transport.close)
 
     def lingered(self) -> None:
