@@ -91,6 +91,7 @@ class BrokenBackend:
 
     def __init__(self) -> None:
         self.url = ""
+        self.calls = 0  # completions it was sent
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -119,6 +120,7 @@ class BrokenBackend:
         self._loop.run_forever()
 
     async def _fail(self, request: web.Request) -> web.Response:
+        self.calls += 1
         await request.read()
         return web.json_response({"error": {"message": self.LEAK}}, status=500)
 
@@ -545,8 +547,10 @@ def test_a_feature_breaker_stays_open_across_a_reload(stack: Stack) -> None:
         r = c.post(stack.gw.url + "/admin/reload", headers=_auth("admin"))
         assert r.status_code == 200, r.text
         assert stack.metric(gauge) == 1
+        calls = stack.broken.calls
         answer = c.post(url, json=_chat("broken"), headers=flaky)
     assert answer.status_code == 200 and answer.headers.get("x-sluice-fallback") == "static"
+    assert stack.broken.calls == calls  # answered by the open breaker, not after a 500
 
 
 # -- held before, must keep holding ---------------------------------------------------------
