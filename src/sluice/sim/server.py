@@ -3,7 +3,8 @@
 `create_sim_app(profile, seed=, speed=, model_name=)` returns an aiohttp Application that
 owns one engine, its real-time driver (started and stopped with the app) and its own
 Prometheus registry, so several can run in one process. Routes: POST /v1/chat/completions,
-POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics.
+POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics, and what
+the engine's surface adds (`engine=`: sluice.sim.surfaces; vLLM's by default).
 
 The application turns on aiohttp's handler cancellation: when a client disconnects, its
 handler is cancelled wherever it waits (queued or streaming) and the engine request is
@@ -16,11 +17,9 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from sluice.sim.driver import EngineDriver, RequestHandle
 from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
-from sluice.sim.metrics import SimMetrics
 from sluice.sim.openai_api import (
     CHAT,
     COMPLETION,
@@ -33,6 +32,7 @@ from sluice.sim.openai_api import (
     stream_error_chunk,
 )
 from sluice.sim.profiles import Profile
+from sluice.sim.surfaces import DEFAULT_SURFACE, Surface, get_surface
 
 DEFAULT_MODEL_NAME = "sluice-sim"
 SIM_VERSION = "sluice-sim"
@@ -46,12 +46,16 @@ _SSE_HEADERS = {
 class SimServer:
     """The state behind one simulator app: engine, driver, metrics, served model."""
 
-    def __init__(self, profile: Profile, *, seed: int, model_name: str) -> None:
+    def __init__(
+        self, profile: Profile, *, seed: int, model_name: str, surface: Surface | None = None
+    ) -> None:
+        self.surface = surface or get_surface(DEFAULT_SURFACE)
         self.profile = profile
         self.model_name = model_name
         self.engine = Engine(profile, seed=seed)
-        self.metrics = SimMetrics(self.engine, model_name)
-        self.driver = EngineDriver(self.engine, on_step=self.metrics.observe_step)
+        self.metrics = self.surface.metrics(self.engine, model_name, self.engine.snapshot)
+        engine, observe = self.engine, self.metrics.observe_step
+        self.driver = EngineDriver(engine, on_step=lambda r: observe(r, engine.snapshot()))
         self.created = int(time.time())
 
     # -- lifecycle ------------------------------------------------------------------
@@ -78,6 +82,9 @@ class SimServer:
             )
         except ApiError as err:
             return _json(err.body(), err.status)
+        refused = self.surface.refusal(self.engine.snapshot(), self.profile)
+        if refused is not None:
+            return _json(refused[1], refused[0])
         request_id = new_request_id(kind)
         fmt = ResponseFormatter(
             kind, request_id, self.model_name, g.prompt_tokens, sample_key=g.sample_key
@@ -138,6 +145,9 @@ class SimServer:
     # -- the rest -------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.surface.name != DEFAULT_SURFACE:
+            card = self.surface.model_card(self.model_name, self.profile, self.created)
+            return _json(orjson.dumps({"object": "list", "data": [card]}), 200)
         card = {
             "id": self.model_name,
             "object": "model",
@@ -151,14 +161,16 @@ class SimServer:
         return _json(orjson.dumps({"object": "list", "data": [card]}), 200)
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        status, body, content_type = self.surface.health()
+        return web.Response(status=status, body=body, content_type=content_type)
 
     async def version(self, request: web.Request) -> web.Response:
         return _json(orjson.dumps({"version": SIM_VERSION}), 200)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        response = web.Response(body=self.metrics.exposition())
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        body, content_type = self.metrics.render(request.path)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
         return response
 
 
@@ -192,9 +204,14 @@ def create_sim_app(
     seed: int = 0,
     speed: float = 1.0,
     model_name: str = DEFAULT_MODEL_NAME,
+    engine: str = DEFAULT_SURFACE,
 ) -> web.Application:
-    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine."""
-    server = SimServer(profile.scaled(speed), seed=seed, model_name=model_name)
+    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine. `engine`
+    names the surface it presents (ValueError if unknown)."""
+    surface = get_surface(engine)
+    server = SimServer(
+        surface.profile(profile.scaled(speed)), seed=seed, model_name=model_name, surface=surface
+    )
     app = web.Application(
         middlewares=[_json_errors],
         client_max_size=_MAX_BODY,
@@ -209,5 +226,15 @@ def create_sim_app(
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/version", server.version)
-    app.router.add_get("/metrics", server.metrics_endpoint)
+    for path in surface.metric_paths:
+        app.router.add_get(path, server.metrics_endpoint)
+    for path, value in surface.static(model_name, server.profile).items():
+        app.router.add_get(path, _static(orjson.dumps(value)))
     return app
+
+
+def _static(body: bytes) -> Any:
+    async def handler(_request: web.Request) -> web.Response:
+        return _json(body, 200)
+
+    return handler
