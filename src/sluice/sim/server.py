@@ -25,6 +25,7 @@ from sluice.sim.openai_api import (
     COMPLETION,
     DONE_CHUNK,
     ApiError,
+    GenerationRequest,
     ResponseFormatter,
     error_body,
     new_request_id,
@@ -57,6 +58,7 @@ class SimServer:
         engine, observe = self.engine, self.metrics.observe_step
         self.driver = EngineDriver(engine, on_step=lambda r: observe(r, engine.snapshot()))
         self.created = int(time.time())
+        self.in_flight = 0  # generation requests being served
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -82,9 +84,18 @@ class SimServer:
             )
         except ApiError as err:
             return _json(err.body(), err.status)
-        refused = self.surface.refusal(self.engine.snapshot(), self.profile)
+        refused = self.surface.refusal(self.in_flight)
         if refused is not None:
             return _json(refused[1], refused[0])
+        self.in_flight += 1
+        try:
+            return await self._generate_admitted(kind, request, g)
+        finally:
+            self.in_flight -= 1
+
+    async def _generate_admitted(
+        self, kind: str, request: web.Request, g: GenerationRequest
+    ) -> web.StreamResponse:
         request_id = new_request_id(kind)
         fmt = ResponseFormatter(
             kind, request_id, self.model_name, g.prompt_tokens, sample_key=g.sample_key

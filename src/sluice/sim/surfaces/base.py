@@ -56,8 +56,9 @@ class Surface(ABC):
     def model_card(self, model_name: str, profile: Profile, created: int) -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": created, "owned_by": self.owned_by}
 
-    def refusal(self, snap: EngineSnapshot, profile: Profile) -> tuple[int, bytes] | None:
-        """An answer instead of queueing a new request (TGI's 429), or None."""
+    def refusal(self, in_flight: int) -> tuple[int, bytes] | None:
+        """An answer instead of taking a new request while `in_flight` requests are being
+        served (TGI's 429), or None."""
         return None
 
 

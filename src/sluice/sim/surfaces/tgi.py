@@ -82,8 +82,8 @@ class TgiSurface(Surface):
     def model_card(self, model_name: str, profile: Profile, created: int) -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": 0, "owned_by": model_name}
 
-    def refusal(self, snap: EngineSnapshot, profile: Profile) -> tuple[int, bytes] | None:
-        if snap.running + snap.waiting >= MAX_CONCURRENT_REQUESTS:
+    def refusal(self, in_flight: int) -> tuple[int, bytes] | None:
+        if in_flight >= MAX_CONCURRENT_REQUESTS:
             body = {"error": "Model is overloaded", "error_type": "overloaded"}
             return 429, orjson.dumps(body)
         return None
