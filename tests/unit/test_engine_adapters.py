@@ -212,3 +212,14 @@ def test_detection_from_models_and_info() -> None:
     info = page("tgi-2.0-info.json")
     assert detect_from_info({"router": "text-generation-router", "model_id": "m"}) == "tgi"
     assert "max_batch_total_tokens" in info
+
+
+def test_tgi_max_concurrent_requests_caps_the_limit() -> None:
+    from sluice.core.limiters.sluice import SluiceLimiter
+
+    m = read("tgi", {"/metrics": "tgi-2.0.txt", "/info": "tgi-2.0-info.json"})
+    assert m.max_concurrency == 128
+    limiter = SluiceLimiter(1, 1024, 500)
+    assert limiter.limit == 500
+    limiter.on_metrics(m, now=0.0)
+    assert limiter.limit == 128

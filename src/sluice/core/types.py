@@ -107,6 +107,9 @@ class BackendMetrics:
     # KV capacity in tokens when the engine states it otherwise than as blocks x block size
     # (SGLang's max_total_num_tokens, llama.cpp's context, TGI's max_batch_total_tokens).
     kv_capacity_tokens: float | None = None
+    # Requests the engine accepts at once before it refuses more (TGI's
+    # max_concurrent_requests): the limit never goes above it.
+    max_concurrency: int | None = None
     engine: str | None = None  # which adapter read it (None: not said, e.g. virtual time)
     # Which of SIGNALS the engine exports (a latency histogram counts even when its window
     # had no sample); None: not said.

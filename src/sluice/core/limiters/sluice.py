@@ -46,6 +46,8 @@ Control:
     this backend's models: the mix that comes next. So the limit falls as soon as long
     prompts arrive, not once the short ones queued before them have been sent, and rises
     back only once the long ones queued have been sent.
+  * Engine cap: an engine that refuses requests beyond a number in flight (TGI's
+    max_concurrent_requests, from its /info) caps the limit there.
   * Shared backends (several gateway replicas, each with its own limiters): on each
     fresh scrape the others' requests (running + waiting beyond our in-flight count) are
     counted at our mean footprint, and at least as the usage that is not ours; we claim
@@ -162,6 +164,7 @@ class SluiceLimiter(LimiterBase):
         self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
         self._hard = False  # the last scrape showed hard congestion
         self._preemptions_seen: float | None = None
+        self._engine_cap: int | None = None  # requests the engine accepts at once
         self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
         self.last_cut_reason = ""
         self.cut_reasons: dict[str, int] = {}
@@ -292,6 +295,7 @@ class SluiceLimiter(LimiterBase):
         if capacity:
             self._kv_capacity = capacity
         self._kv_usage = m.kv_usage
+        self._engine_cap = m.max_concurrency
         self._kv_scrape_budget = self._shared_budget(m)
         reason = ""
         # A request that arrived since the engine's last step shows as waiting until the
@@ -402,4 +406,6 @@ class SluiceLimiter(LimiterBase):
                 fp = ahead
         if budget is not None and fp:
             eff = min(eff, math.floor(budget / fp))
+        if self._engine_cap:
+            eff = min(eff, self._engine_cap)
         self._effective = max(self.min_limit, eff)

@@ -15,7 +15,8 @@ every `*_duration` series gets buckets) and answers /metrics with the exporter's
 What TGI lacks: a time-to-first-token series (it records queue time and whole-request
 durations, not the first token), and preemptions (a batch's tokens are reserved when it is
 admitted, so nothing is preempted). KV usage is the running batch's reserved tokens over
-the capacity."""
+the capacity. /info's `max_concurrent_requests` (TGI answers 429 beyond it) caps the
+limit."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class TgiAdapter(EngineAdapter):
         return self.metrics(
             at,
             signals,
+            max_concurrency=_info_int(pages.get("/info"), "max_concurrent_requests"),
             running=v.get(RUNNING),
             waiting=v.get(WAITING),
             kv_usage=usage,
@@ -70,12 +72,18 @@ class TgiAdapter(EngineAdapter):
         )
 
 
-def _info_capacity(body: str | None) -> float | None:
+def _info_int(body: str | None, key: str) -> int | None:
     if not body:
         return None
     try:
         info = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    value = info.get("max_batch_total_tokens") if isinstance(info, dict) else None
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+    value = info.get(key) if isinstance(info, dict) else None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return int(value) if ok else None  # type: ignore[arg-type]
+
+
+def _info_capacity(body: str | None) -> float | None:
+    value = _info_int(body, "max_batch_total_tokens")
+    return None if value is None else float(value)
