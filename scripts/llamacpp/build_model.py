@@ -23,7 +23,8 @@ N_LAYER = 4
 N_HEAD = 6
 N_FF = 1024
 N_CTX = 2048
-WORDS = (
+# a paragraph of words reads better than a column of strings
+WORDS = (  # noqa: SIM905
     "the of and to in is it you that he was for on are as with his they at be this have "
     "from or one had by word but not what all were we when your can said there use an each "
     "which she do how their if will up other about out many then them these so some her "

@@ -4,9 +4,13 @@ windows need between scrapes (histogram buckets, a counter made from a gauge).""
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from sluice.core.types import BackendMetrics
 
@@ -33,11 +37,38 @@ class EngineAdapter(ABC):
         """`pages`: route path -> body, for the routes that answered (a `once` route's
         body stays there once it answered). Raises ValueError on a malformed page."""
 
-    def metrics(self, at: float, signals: set[str], **fields: object) -> BackendMetrics:
-        return BackendMetrics(at=at, engine=self.name, signals=frozenset(signals), **fields)  # type: ignore[arg-type]
+    def metrics(
+        self, at: float, *, has_ttft: bool = False, has_tpot: bool = False, **fields: Any
+    ) -> BackendMetrics:
+        """The reading, with the signals it carries: every field that has a value, and
+        the latency histograms that are on the page (`has_*`: even when their window had
+        no sample)."""
+        m = BackendMetrics(at=at, engine=self.name, **fields)
+        signals = {
+            name
+            for name, value in (
+                ("running", m.running),
+                ("waiting", m.waiting),
+                ("kv_usage", m.kv_usage),
+                ("kv_capacity", m.kv_capacity),
+                ("preemptions", m.preemptions_total),
+            )
+            if value is not None
+        }
+        if has_ttft:
+            signals.add("ttft_p95")
+        if has_tpot:
+            signals.add("tpot_p95")
+        return dataclasses.replace(m, signals=frozenset(signals))
 
 
-def found(signals: set[str], name: str, value: object) -> None:
-    """Record that the page carries `name` when its value is there."""
-    if value is not None:
-        signals.add(name)
+def json_list(body: str, what: str) -> list[dict[str, Any]]:
+    """A JSON list of objects (an engine's /slots, its iteration statistics); ValueError
+    otherwise."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"{what} is not a list of objects")
+    return value

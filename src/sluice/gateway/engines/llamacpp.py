@@ -24,10 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from sluice.core.types import BackendMetrics
-from sluice.gateway.engines.base import EngineAdapter, Route, found
+from sluice.gateway.engines.base import EngineAdapter, Route, json_list
 from sluice.gateway.engines.prom import Scanner
 
 RUNNING = "llamacpp:requests_processing"
@@ -47,7 +45,7 @@ class LlamacppAdapter(EngineAdapter):
         if "/metrics" not in pages and "/slots" not in pages:
             raise ValueError("neither /metrics nor /slots answered")
         v = self._scan.scan(pages["/metrics"]).values if "/metrics" in pages else {}
-        slots = _slots(pages["/slots"]) if "/slots" in pages else None
+        slots = json_list(pages["/slots"], "/slots") if "/slots" in pages else None
         running = v.get(RUNNING)
         usage = v.get(KV_RATIO)
         capacity = None
@@ -59,29 +57,13 @@ class LlamacppAdapter(EngineAdapter):
                 used = [_tokens(s) for s in slots if _busy(s)]
                 if all(u is not None for u in used):
                     usage = min(1.0, sum(u or 0 for u in used) / capacity)
-        signals: set[str] = set()
-        found(signals, "running", running)
-        found(signals, "waiting", v.get(WAITING))
-        found(signals, "kv_usage", usage)
-        found(signals, "kv_capacity", capacity)
         return self.metrics(
             at,
-            signals,
             running=running,
             waiting=v.get(WAITING),
             kv_usage=usage,
             kv_capacity_tokens=capacity,
         )
-
-
-def _slots(body: str) -> list[dict[str, Any]]:
-    try:
-        slots = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"/slots is not JSON: {exc}") from None
-    if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
-        raise ValueError("/slots is not a list of slots")
-    return slots
 
 
 def _num(value: Any) -> float:

@@ -16,4 +16,4 @@ class NoneAdapter(EngineAdapter):
     start_hint = "no metrics are read from this backend: latency-only control"
 
     def read(self, pages: Mapping[str, str], at: float) -> BackendMetrics:
-        return self.metrics(at, set())
+        return self.metrics(at)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sluice.core.types import BackendMetrics
-from sluice.gateway.engines.base import EngineAdapter, Route, found
+from sluice.gateway.engines.base import EngineAdapter, Route
 from sluice.gateway.engines.prom import Page, Scanner, WindowedP95, int_or_none
 
 RUNNING = "sglang:num_running_reqs"
@@ -62,19 +62,10 @@ class SglangAdapter(EngineAdapter):
             preemptions = self._retractions
         ttft, has_ttft = self._ttft.update(page, TTFT)
         tpot, has_tpot = self._tpot.update(page, TPOT)
-        signals: set[str] = set()
-        found(signals, "running", v.get(RUNNING))
-        found(signals, "waiting", v.get(WAITING))
-        found(signals, "kv_usage", v.get(USAGE))
-        found(signals, "kv_capacity", capacity)
-        found(signals, "preemptions", preemptions)
-        if has_ttft:
-            signals.add("ttft_p95")
-        if has_tpot:
-            signals.add("tpot_p95")
         return self.metrics(
             at,
-            signals,
+            has_ttft=has_ttft,
+            has_tpot=has_tpot,
             running=v.get(RUNNING),
             waiting=v.get(WAITING),
             kv_usage=v.get(USAGE),

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import orjson
 
 from sluice.core.types import BackendMetrics
-from sluice.gateway.engines.base import EngineAdapter, Route, found
+from sluice.gateway.engines.base import EngineAdapter, Route
 from sluice.gateway.engines.prom import Scanner, WindowedP95
 
 RUNNING = "tgi_batch_current_size"
@@ -53,16 +53,9 @@ class TgiAdapter(EngineAdapter):
         if capacity and reserved is not None:
             usage = min(1.0, reserved / capacity)
         tpot, has_tpot = self._tpot.update(page, TPOT)
-        signals: set[str] = set()
-        found(signals, "running", v.get(RUNNING))
-        found(signals, "waiting", v.get(WAITING))
-        found(signals, "kv_usage", usage)
-        found(signals, "kv_capacity", capacity)
-        if has_tpot:
-            signals.add("tpot_p95")
         return self.metrics(
             at,
-            signals,
+            has_tpot=has_tpot,
             max_concurrency=_info_int(pages.get("/info"), "max_concurrent_requests"),
             running=v.get(RUNNING),
             waiting=v.get(WAITING),

@@ -32,10 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from sluice.core.types import BackendMetrics
-from sluice.gateway.engines.base import EngineAdapter, Route, found
+from sluice.gateway.engines.base import EngineAdapter, Route, json_list
 from sluice.gateway.engines.prom import Scanner, WindowedP95, int_or_none
 
 JSON_ROUTE = "/metrics"
@@ -85,25 +83,20 @@ class TrtllmAdapter(EngineAdapter):
         self._pauses = 0.0  # the counter made from numPausedRequests
 
     def read(self, pages: Mapping[str, str], at: float) -> BackendMetrics:
-        signals: set[str] = set()
         fields: dict[str, Any] = {}
         body = pages.get(JSON_ROUTE, "")
         prom_text = pages.get(PROM_ROUTE, "")
         if body and not is_iteration_stats(body):
             prom_text = prom_text or body  # a version that answers Prometheus on /metrics
         elif body:
-            self._read_iterations(body, fields, signals)
+            self._read_iterations(body, fields)
+        has: dict[str, bool] = {}
         if prom_text:
-            self._read_prometheus(prom_text, fields, signals)
-        return self.metrics(at, signals, **fields)
+            has = self._read_prometheus(prom_text, fields)
+        return self.metrics(at, **has, **fields)
 
-    def _read_iterations(self, body: str, fields: dict[str, Any], signals: set[str]) -> None:
-        try:
-            stats = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise ValueError(f"iteration stats are not JSON: {exc}") from None
-        if not isinstance(stats, list) or not all(isinstance(s, dict) for s in stats):
-            raise ValueError("iteration stats are not a list of objects")
+    def _read_iterations(self, body: str, fields: dict[str, Any]) -> None:
+        stats = json_list(body, "iteration stats")
         for s in stats:
             paused = _num(s, "inflightBatchingStats", "numPausedRequests") or 0.0
             self._pauses += max(0.0, paused - self._paused)
@@ -129,24 +122,18 @@ class TrtllmAdapter(EngineAdapter):
             fields["num_gpu_blocks"] = int(max_blocks)
             fields["block_size"] = int(per_block)
         fields["preemptions_total"] = self._pauses
-        found(signals, "running", running)
-        found(signals, "waiting", fields["waiting"])
-        found(signals, "kv_usage", fields.get("kv_usage"))
-        found(signals, "kv_capacity", fields.get("block_size"))
-        signals.add("preemptions")
 
-    def _read_prometheus(self, text: str, fields: dict[str, Any], signals: set[str]) -> None:
+    def _read_prometheus(self, text: str, fields: dict[str, Any]) -> dict[str, bool]:
+        """Latency histograms, and the rest when the iteration statistics did not say it;
+        which histograms are on the page."""
         page = self._scan.scan(text)
         v = page.values
         ttft, has_ttft = self._ttft.update(page, TTFT)
         tpot, has_tpot = self._tpot.update(page, TPOT)
         fields["ttft_p95_s"], fields["tpot_p95_s"] = ttft, tpot
-        if has_ttft:
-            signals.add("ttft_p95")
-        if has_tpot:
-            signals.add("tpot_p95")
-        if "running" in signals:
-            return  # the iteration statistics said the rest
+        has = {"has_ttft": has_ttft, "has_tpot": has_tpot}
+        if fields.get("running") is not None:
+            return has  # the iteration statistics said the rest
         per_block = v.get(TOKENS_PER_BLOCK)
         if per_block is None:
             for name in CONFIG_INFO:
@@ -164,8 +151,4 @@ class TrtllmAdapter(EngineAdapter):
             self._pauses += max(0.0, v[PAUSED] - self._paused)
             self._paused = v[PAUSED]
             fields["preemptions_total"] = self._pauses
-        found(signals, "running", fields["running"])
-        found(signals, "waiting", fields["waiting"])
-        found(signals, "kv_usage", fields["kv_usage"])
-        found(signals, "kv_capacity", fields.get("block_size"))
-        found(signals, "preemptions", fields.get("preemptions_total"))
+        return has

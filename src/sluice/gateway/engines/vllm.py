@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sluice.core.types import BackendMetrics
-from sluice.gateway.engines.base import EngineAdapter, Route, found
+from sluice.gateway.engines.base import EngineAdapter, Route
 from sluice.gateway.engines.prom import Scanner, WindowedP95, int_or_none
 
 RUNNING = ("vllm:num_requests_running",)
@@ -52,23 +52,10 @@ class VllmAdapter(EngineAdapter):
             "kv_usage": page.first(KV_USAGE),
             "preemptions_total": page.first(PREEMPTIONS),
         }
-        signals: set[str] = set()
-        for key, signal in (
-            ("running", "running"),
-            ("waiting", "waiting"),
-            ("kv_usage", "kv_usage"),
-            ("preemptions_total", "preemptions"),
-        ):
-            found(signals, signal, fields[key])
-        if blocks and size:
-            signals.add("kv_capacity")
-        if has_ttft:
-            signals.add("ttft_p95")
-        if has_tpot:
-            signals.add("tpot_p95")
         return self.metrics(
             at,
-            signals,
+            has_ttft=has_ttft,
+            has_tpot=has_tpot,
             **fields,
             num_gpu_blocks=blocks,
             block_size=size,
