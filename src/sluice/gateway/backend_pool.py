@@ -365,7 +365,10 @@ class BackendPool:
 
     async def _get(self, h: BackendHandle, path: str) -> tuple[int, str]:
         async with self._session.get(
-            f"{h.url}{path}", timeout=aiohttp.ClientTimeout(total=self._scraper.interval * 4)
+            f"{h.url}{path}",
+            # the backend's key on its /v1 routes only, as for requests
+            headers=h.auth_headers if path.startswith("/v1/") else None,
+            timeout=aiohttp.ClientTimeout(total=self._scraper.interval * 4),
         ) as r:
             return r.status, (await r.read()).decode("utf-8", "replace")
 
