@@ -3,8 +3,10 @@
 `create_sim_app(profile, seed=, speed=, model_name=)` returns an aiohttp Application that
 owns one engine, its real-time driver (started and stopped with the app) and its own
 Prometheus registry, so several can run in one process. Routes: POST /v1/chat/completions,
-POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics, and what
-the engine's surface adds (`engine=`: sluice.sim.surfaces; vLLM's by default).
+POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics here, the
+rest of vLLM's surface (responses, messages, pooling, tokenize, audio, batch, LoRA) from
+`sim.routes`, and what another engine's surface adds or changes (`engine=`:
+sluice.sim.surfaces; vLLM's by default).
 
 The application turns on aiohttp's handler cancellation: when a client disconnects, its
 handler is cancelled wherever it waits (queued or streaming) and the engine request is
@@ -20,6 +22,7 @@ from aiohttp import web
 
 from sluice.sim.driver import EngineDriver, RequestHandle
 from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
+from sluice.sim.model_registry import ModelRegistry
 from sluice.sim.openai_api import (
     CHAT,
     COMPLETION,
@@ -33,6 +36,9 @@ from sluice.sim.openai_api import (
     stream_error_chunk,
 )
 from sluice.sim.profiles import Profile
+from sluice.sim.routes import add_routes
+from sluice.sim.routes_lora import runtime_updates_by_env
+from sluice.sim.routes_responses import store_enabled_by_env
 from sluice.sim.surfaces import DEFAULT_SURFACE, Surface, get_surface
 
 DEFAULT_MODEL_NAME = "sluice-sim"
@@ -48,11 +54,21 @@ class SimServer:
     """The state behind one simulator app: engine, driver, metrics, served model."""
 
     def __init__(
-        self, profile: Profile, *, seed: int, model_name: str, surface: Surface | None = None
+        self,
+        profile: Profile,
+        *,
+        seed: int,
+        model_name: str,
+        lora_modules: dict[str, str] | None = None,
+        allow_lora_updating: bool = False,
+        surface: Surface | None = None,
     ) -> None:
         self.surface = surface or get_surface(DEFAULT_SURFACE)
         self.profile = profile
         self.model_name = model_name
+        self.models_registry = ModelRegistry(model_name, allow_runtime_updates=allow_lora_updating)
+        for name, path in (lora_modules or {}).items():
+            self.models_registry.load(name, path)
         self.engine = Engine(profile, seed=seed)
         self.metrics = self.surface.metrics(self.engine, model_name, self.engine.snapshot)
         engine, observe = self.engine, self.metrics.observe_step
@@ -80,7 +96,11 @@ class SimServer:
         raw = await request.read()
         try:
             g = parse_request(
-                kind, raw, served_model=self.model_name, max_model_len=self.profile.max_model_len
+                kind,
+                raw,
+                served_model=self.model_name,
+                max_model_len=self.profile.max_model_len,
+                adapters=self.models_registry.adapters,
             )
         except ApiError as err:
             return _json(err.body(), err.status)
@@ -97,9 +117,7 @@ class SimServer:
         self, kind: str, request: web.Request, g: GenerationRequest
     ) -> web.StreamResponse:
         request_id = new_request_id(kind)
-        fmt = ResponseFormatter(
-            kind, request_id, self.model_name, g.prompt_tokens, sample_key=g.sample_key
-        )
+        fmt = ResponseFormatter(kind, request_id, g.model, g.prompt_tokens, sample_key=g.sample_key)
         engine_req = self.engine.make_request(
             request_id,
             g.prompt_tokens,
@@ -169,7 +187,8 @@ class SimServer:
             "max_model_len": self.profile.max_model_len,
             "permission": [],
         }
-        return _json(orjson.dumps({"object": "list", "data": [card]}), 200)
+        cards = [card, *self.models_registry.adapter_cards()]
+        return _json(orjson.dumps({"object": "list", "data": cards}), 200)
 
     async def health(self, request: web.Request) -> web.Response:
         status, body, content_type = self.surface.health()
@@ -215,13 +234,29 @@ def create_sim_app(
     seed: int = 0,
     speed: float = 1.0,
     model_name: str = DEFAULT_MODEL_NAME,
+    responses_store: bool | None = None,
+    lora_modules: dict[str, str] | None = None,
+    allow_lora_updating: bool | None = None,
     engine: str = DEFAULT_SURFACE,
 ) -> web.Application:
-    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine. `engine`
+    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine.
+
+    `responses_store` and `allow_lora_updating` default to vLLM's environment variables
+    (VLLM_ENABLE_RESPONSES_API_STORE, VLLM_ALLOW_RUNTIME_LORA_UPDATING); `lora_modules`
+    maps adapter names to paths, loaded at start like vLLM's --lora-modules. `engine`
     names the surface it presents (ValueError if unknown)."""
+    if responses_store is None:
+        responses_store = store_enabled_by_env()
+    if allow_lora_updating is None:
+        allow_lora_updating = runtime_updates_by_env()
     surface = get_surface(engine)
     server = SimServer(
-        surface.profile(profile.scaled(speed)), seed=seed, model_name=model_name, surface=surface
+        surface.profile(profile.scaled(speed)),
+        seed=seed,
+        model_name=model_name,
+        lora_modules=lora_modules,
+        allow_lora_updating=allow_lora_updating,
+        surface=surface,
     )
     app = web.Application(
         middlewares=[_json_errors],
@@ -241,6 +276,7 @@ def create_sim_app(
         app.router.add_get(path, server.metrics_endpoint)
     for path, value in surface.static(model_name, server.profile).items():
         app.router.add_get(path, _static(orjson.dumps(value)))
+    add_routes(app, server, responses_store=responses_store)
     return app
 
 
