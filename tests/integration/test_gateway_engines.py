@@ -4,6 +4,8 @@ is detected from what it answers (or pinned with `engine:`), read by its own ada
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import yaml
 from tests.integration.conftest import SimFactory
 from tests.integration.gateway_proc import EXAMPLE_POLICY, start_gateway
 
+from sluice.bench.real import free_port
 from sluice.core.types import SIGNALS
 
 pytestmark = pytest.mark.integration
@@ -35,6 +38,7 @@ def _state(url: str) -> dict[str, Any]:
     return r.json()
 
 
+@pytest.mark.timeout(300)  # eight processes start: slow on a busy machine
 def test_each_engine_is_read_by_its_adapter_through_the_gateway(sim_factory: SimFactory) -> None:
     backends = []
     for engine in ("vllm", "sglang", "trtllm", "llamacpp", "tgi"):
@@ -45,6 +49,14 @@ def test_each_engine_is_read_by_its_adapter_through_the_gateway(sim_factory: Sim
     backends.append({"name": "b-none", "url": extra.url, "engine": "none"})
     pinned = sim_factory("--profile", "tiny", "--speed", "4", "--engine", "tgi")
     backends.append({"name": "b-tgi-pinned", "url": pinned.url, "engine": "tgi"})
+    # a server that is no inference engine at all: not recognised, read as `none`
+    port = free_port()
+    plain = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    backends.append({"name": "b-unknown", "url": f"http://127.0.0.1:{port}"})
     policy = yaml.safe_load(Path(EXAMPLE_POLICY).read_text())
     policy["backends"] = backends
     gw = start_gateway([], yaml.safe_dump(policy))
@@ -57,7 +69,8 @@ def test_each_engine_is_read_by_its_adapter_through_the_gateway(sim_factory: Sim
                 break
             assert time.monotonic() < deadline, state
             time.sleep(0.1)
-        for b in backends:
+        assert state["backends"]["b-unknown"]["engine"] is None  # looked at again later
+        for b in backends[:-1]:
             name = b["name"]
             engine = b.get("engine", name.removeprefix("b-"))
             assert state["backends"][name]["engine"] == engine
@@ -79,6 +92,12 @@ def test_each_engine_is_read_by_its_adapter_through_the_gateway(sim_factory: Sim
         for _ in range(14):
             r = httpx.post(gw.url + "/v1/completions", json=body, headers=headers, timeout=30)
             assert r.status_code == 200, r.text
+        lacks = {s for s, has in ctl["b-unknown"]["signals"].items() if not has}
+        assert ctl["b-unknown"]["engine"] == "none" and lacks == set(SIGNALS)
     finally:
         gw.stop()
-    assert "backend b-llamacpp: engine llamacpp" in "\n".join(gw.output)
+        plain.terminate()
+        plain.wait()
+    log = "\n".join(gw.output)
+    assert "backend b-llamacpp: engine llamacpp" in log
+    assert "backend b-unknown: engine not recognised" in log
