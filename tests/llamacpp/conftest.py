@@ -39,7 +39,8 @@ CTX = 4096  # tokens of KV for all slots
 # --metrics and --slots: everything llama.cpp exports; one thread: the machine is shared
 SERVER_ARGS = [
     "--alias", MODEL_NAME, "--metrics", "--slots", "--parallel", str(SLOTS),
-    "--ctx-size", str(CTX), "--threads", "1", "--threads-batch", "1", "--no-warmup",
+    "--ctx-size", str(CTX), "--no-kv-unified", "--threads", "1", "--threads-batch", "1",
+    "--no-warmup",
 ]  # fmt: skip
 TEST_TIMEOUT_S = 180
 START_TIMEOUT_S = 120

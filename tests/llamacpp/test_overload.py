@@ -56,7 +56,8 @@ async def _capacity(url: str, model: str) -> float:
     """Requests per second the slots complete, kept full (closed loop, SLOTS clients)."""
     done = 0
     start = time.monotonic()
-    async with aiohttp.ClientSession() as s:
+    # a new connection per request: llama.cpp's HTTP server closes kept-alive ones
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
 
         async def client(k: int) -> None:
             nonlocal done
@@ -94,7 +95,8 @@ async def _flood(
             samples.extend(cpu.samples[-1:])
             await asyncio.sleep(0.25)
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as s:
         watcher = asyncio.create_task(watch(s))
         tasks = []
         t0 = time.monotonic()

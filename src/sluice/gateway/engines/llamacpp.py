@@ -14,10 +14,12 @@ then `n_past` (tokens in the slot's cache).
 
 Read here: running and waiting from /metrics; KV usage from `kv_cache_usage_ratio` where
 it exists, else from /slots (tokens in the busy slots' caches over the slots' context);
-capacity from /slots (the slots' `n_ctx`). llama.cpp has no preemption (each slot owns
-its context) and no latency histograms: no TTFT or TPOT P95. Without `--metrics`, running
-comes from /slots and waiting is missing (the limiter then compares its in-flight count
-with the busy slots)."""
+capacity from /slots (the slots' `n_ctx`, each slot's share of `--ctx-size`; with
+`--kv-unified` every slot reports the whole context, and the capacity reads that many
+times too large: the busy and deferred counts still hold the limit). llama.cpp has no
+preemption (each slot owns its context) and no latency histograms: no TTFT or TPOT
+P95. Without `--metrics`, running comes from /slots and waiting is missing (the limiter
+then compares its in-flight count with the busy slots)."""
 
 from __future__ import annotations
 
