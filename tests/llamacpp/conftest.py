@@ -11,7 +11,6 @@ running llama-server instead (started with the flags of `SERVER_ARGS`)."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "scripts" / "vllm"))  # loadgen
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
+from named_suite import bound_tests, ignore_unless_named  # noqa: E402
 from vllm_server import parse_metrics  # noqa: E402  (gateway_proc imports it from conftest)
 
 __all__ = ["parse_metrics"]
@@ -48,19 +48,12 @@ BUILD_TIMEOUT_S = 40 * 60
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Collect these tests only when asked for by path: they build and start llama.cpp."""
-    if HERE not in (collection_path, *collection_path.parents):
-        return None
-    named = [Path(a.split("::")[0]).resolve() for a in config.args]
-    if any(p == HERE or HERE in p.parents for p in named):
-        return None
-    return True
+    """Collect these tests only when asked for by path: they build and start an engine."""
+    return ignore_unless_named(HERE, collection_path, config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S, func_only=True))
+    bound_tests(HERE, items, TEST_TIMEOUT_S)
 
 
 def ensure_built() -> Path:
@@ -145,9 +138,9 @@ def llama() -> Iterator[LlamaServer]:
         return
     from sluice.bench.real import free_port
 
-    server = start_llama(ensure_built(), free_port())
-    version = re.search(r"build[ :=]+(\d+)", "\n".join(server.log))
-    print(f"\nllama-server ready on {server.url} (build {version.group(1) if version else '?'})")
+    cache = ensure_built()
+    server = start_llama(cache, free_port())
+    print(f"\nllama-server ready on {server.url} ({cache.name})")
     try:
         yield server
     finally:

@@ -34,7 +34,10 @@ OUT_TOKENS = 48
 FLOOD_X = 3.0
 FLOOD_S = 12.0
 MIX = (("P0", 0.2), ("P1", 0.4), ("P2", 0.4))
-P0_TTFT_SLO_S = 1.5  # P0's SLO in this test: TTFT within 1.5 s ...
+# P0's SLO in this test: TTFT within 1 s plus one request's service time (llama.cpp cannot
+# preempt: a P0 request that finds every slot busy waits for one to finish, whoever sends
+# it) ...
+P0_TTFT_BASE_S = 1.0
 P0_SLO_SHARE = 0.95  # ... for 95% of its requests
 KEYS = {"P0": "sk-demo-p0", "P1": "sk-demo-p1", "P2": "sk-demo-p2"}
 FIGURES = Path(os.environ.get("SLUICE_LLAMACPP_FIGURES", "/tmp/sluice-llamacpp-figures.json"))
@@ -124,10 +127,10 @@ async def _flood(
     return results, deferred, samples
 
 
-def _p0(results: list[tuple[str, float, Result]]) -> dict[str, Any]:
+def _p0(results: list[tuple[str, float, Result]], slo_s: float) -> dict[str, Any]:
     p0 = [r for c, _, r in results if c == "P0"]
     ttfts = sorted(r.ttft_s for r in p0 if r.ok and r.ttft_s is not None)
-    within = sum(1 for r in p0 if r.ok and r.ttft_s is not None and r.ttft_s <= P0_TTFT_SLO_S)
+    within = sum(1 for r in p0 if r.ok and r.ttft_s is not None and r.ttft_s <= slo_s)
     return {
         "offered": len(p0),
         "slo_attainment": round(within / len(p0), 3) if p0 else None,
@@ -162,6 +165,7 @@ async def test_a_3x_flood_direct_and_through_sluice(llama: LlamaServer) -> None:
     wait_idle(llama)
     capacity = await _capacity(llama.url, llama.model)
     rps = FLOOD_X * capacity
+    slo_s = round(P0_TTFT_BASE_S + SLOTS / capacity, 2)  # + one request's service time
     direct, direct_deferred, direct_cpu = await _flood(
         llama.url, llama.model, rps, gateway=False, sample_url=llama.url
     )
@@ -178,14 +182,14 @@ async def test_a_3x_flood_direct_and_through_sluice(llama: LlamaServer) -> None:
         "flood_rps": round(rps, 2),
         "flood_s": FLOOD_S,
         "slots": SLOTS,
-        "p0_slo": f"TTFT <= {P0_TTFT_SLO_S} s",
+        "p0_slo": f"TTFT <= {slo_s} s for {P0_SLO_SHARE:.0%}",
         "direct": {
-            "p0": _p0(direct),
+            "p0": _p0(direct, slo_s),
             "max_deferred": direct_deferred,
             "cpu_busy": _busy(direct_cpu),
         },
         "sluice": {
-            "p0": _p0(via),
+            "p0": _p0(via, slo_s),
             "max_deferred": via_deferred,
             "refusals": _refusals(via),
             "cpu_busy": _busy(via_cpu),
