@@ -8,7 +8,10 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
     tenant earns quantum * weight tokens of credit and is served while its head request's
     estimated cost fits in its credit; an emptied tenant loses its credit. The quantum is
     the largest cost seen so far, so a weight-1 tenant is served at least once per turn;
-  * a heap of client deadlines (lazy deletion) for requests that carry one.
+  * a heap of client deadlines (lazy deletion) for requests that carry one;
+  * `parked`: requests taken out of the round robin (a large request that has held the
+    others back as long as it may, see the dispatcher): still queued, in `by_arrival`,
+    tried before the round robin's next request but never holding it back.
 
 The drop rules themselves are in `drop_policy`; this class finds what is due given the
 slack the policy asks for.
@@ -43,6 +46,7 @@ class ClassQueue:
         self._active: deque[TenantQueue] = deque()
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
+        self.parked: OrderedDict[str, RequestRecord] = OrderedDict()
 
     @property
     def priority(self) -> int:
@@ -64,7 +68,10 @@ class ClassQueue:
         return 0.0 if rec is None else now - rec.enqueued_at
 
     def tenant_depths(self) -> dict[str, int]:
-        return {name: len(t.items) for name, t in self._tenants.items() if t.items}
+        depths = {name: len(t.items) for name, t in self._tenants.items() if t.items}
+        for rec in self.parked.values():
+            depths[rec.tenant] = depths.get(rec.tenant, 0) + 1
+        return depths
 
     # -- add / remove ------------------------------------------------------------------
 
@@ -89,13 +96,22 @@ class ClassQueue:
         """Take a request out wherever it is (client gone, dropped). O(1)."""
         rec = self.by_arrival.pop(request_id, None)
         if rec is not None:
-            t = self._tenants[rec.tenant]
-            del t.items[request_id]
-            if not t.items:
-                t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
+            if not (self.parked and self.parked.pop(request_id, None) is not None):
+                t = self._tenants[rec.tenant]
+                del t.items[request_id]
+                if not t.items:
+                    t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
             if not self.by_arrival:
                 self._deadlines.clear()  # all stale: lazy deletion must not pile them up
         return rec
+
+    def park(self, rec: RequestRecord) -> None:
+        """Take a queued request out of the round robin; it stays queued (`parked`)."""
+        t = self._tenants[rec.tenant]
+        del t.items[rec.request_id]
+        if not t.items:
+            t.deficit = 0.0
+        self.parked[rec.request_id] = rec
 
     # -- deficit round robin -----------------------------------------------------------
 
