@@ -11,6 +11,7 @@ from typing import Any
 
 from sluice.bench.arms import ARMS, arm_spec, fixed_cap_arm
 from sluice.bench.capacity import Capacity, calibrate
+from sluice.bench.engine_view import engine_profile
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
 from sluice.bench.noise import Jitter
@@ -34,6 +35,7 @@ class Plan:
     capacities: list[Capacity]  # per phase, per backend
     rates_rps: list[float]  # per phase, all backends
     workload: list[ClientRequest]
+    engine: str | None = None  # the engine surface every backend presents
     trace: dict[str, Any] | None = None  # how a trace was replayed (`bench.replay`)
     jitter: Jitter | None = None  # latency noise every arm's run gets (`bench.noise`)
 
@@ -50,6 +52,7 @@ class Plan:
         return {
             "backends": n,
             "profile": self.profile.name,
+            "engine": self.engine or "vllm",
             "requests": len(self.workload),
             **(
                 {
@@ -76,11 +79,13 @@ class Plan:
         }
 
 
-def make_plan(scenario: Scenario, *, seed: int | None = None) -> Plan:
+def make_plan(scenario: Scenario, *, seed: int | None = None, engine: str | None = None) -> Plan:
     """Capacity, rates and the workload; for a trace scenario, the replay's (its
     `plan.scenario` has the phase in bench time: use it, not the one passed in)."""
     seed = scenario.spec.seed if seed is None else seed
     profile = scenario.spec.backends.build_profile()
+    if engine is not None:
+        profile = engine_profile(engine, profile)  # calibrated as that engine admits
     if scenario.trace is not None:
         tp = plan_trace(scenario, profile, seed=seed)
         ts = scenario.spec.trace
@@ -105,7 +110,14 @@ def make_plan(scenario: Scenario, *, seed: int | None = None) -> Plan:
             ),
         }
         return Plan(
-            tp.scenario, profile, seed, [tp.capacity], [tp.rate_rps], tp.workload, trace=info
+            tp.scenario,
+            profile,
+            seed,
+            [tp.capacity],
+            [tp.rate_rps],
+            tp.workload,
+            engine,
+            trace=info,
         )
     n = scenario.spec.backends.count
     tpot_slo = scenario.slos["P0"].tpot
@@ -115,7 +127,7 @@ def make_plan(scenario: Scenario, *, seed: int | None = None) -> Plan:
         for p, c in zip(scenario.phases, capacities, strict=True)
     ]
     workload = generate(scenario, rates, seed=seed, max_model_len=profile.max_model_len)
-    return Plan(scenario, profile, seed, capacities, rates, workload)
+    return Plan(scenario, profile, seed, capacities, rates, workload, engine)
 
 
 def run_plan_arm(
@@ -138,6 +150,7 @@ def run_plan_arm(
         series_interval=series_interval,
         progress=tick,
         jitter=plan.jitter,
+        engine=plan.engine,
     )
 
 
@@ -218,10 +231,12 @@ def run_virtual(
     progress: Progress | None = None,
     cap: int | None = None,
     jitter: Jitter | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """Run the arms of a scenario in virtual time; the results.json document. `cap`: the
     `static` and `litellm` arms' cap (default: the first phase's sweet spot). `jitter`:
-    latency noise between engines and gateway for every run, the oracle's sweep included."""
+    latency noise between engines and gateway for every run, the oracle's sweep included.
+    `engine`: the engine surface every backend presents (sluice.sim.surfaces)."""
     started = time.perf_counter()
     arms = list(arms or scenario.spec.arms)
     for a in arms:
@@ -229,7 +244,7 @@ def run_virtual(
             raise ValueError(f"unknown arm {a!r}; arms: {', '.join(ARMS)}")
     if progress is not None:
         progress("calibrating capacity", 0.0)
-    plan = make_plan(scenario, seed=seed)
+    plan = make_plan(scenario, seed=seed, engine=engine)
     plan.jitter = jitter
     scenario = plan.scenario  # a trace's phase is in bench time only now
     calibrated = time.perf_counter()

@@ -1,14 +1,13 @@
 """/metrics for the simulator with vLLM V1's metric names, labels and buckets.
 
-The scheduler's gauges (running, waiting, KV usage) are read when scraped from the
-snapshot the driver published at the end of the last step (`EngineDriver.published`, or
-the engine's live state without a driver: vLLM V1 reports its scheduler's stats once per
-step, so a request that arrived during the step is not "waiting" yet); counters are read
-from the engine when scraped; histograms are fed from each step's result. Each
-`SimMetrics` has its own CollectorRegistry, so several simulators can live in one
-process. Histograms are kept here rather than in prometheus_client.Histogram because a
-step observes one value per running request, and a bisect into a list is several times
-cheaper."""
+Gauges and counters are read when scraped from `snapshot()`: the engine's live state by
+default; `sluice sim`'s server hands it the scheduler's gauges as of the last step that
+ended (vLLM V1 reports its scheduler's stats once per step, so a request that arrived
+during the step is not "waiting" yet) and live counters; virtual time, the last step's
+state. Histograms are fed from each step's result. Each `SimMetrics` has its own
+CollectorRegistry, so several simulators can live in one process. Histograms are kept
+here rather than in prometheus_client.Histogram because a step observes one value per
+running request, and a bisect into a list is several times cheaper."""
 
 from __future__ import annotations
 
@@ -90,8 +89,8 @@ class SimMetrics(Collector):
         snapshot: Callable[[], EngineSnapshot] | None = None,
     ) -> None:
         self.engine = engine
-        # what a scrape reads: the driver's published state (module docstring)
-        self._snapshot = snapshot or engine.snapshot
+        # the state the gauges show: the engine's own, or (virtual time) as of its last step
+        self.snapshot = snapshot or engine.snapshot
         self.model_name = model_name
         self._labels = [model_name, str(engine_index)]
         max_len = engine.profile.max_model_len
@@ -207,8 +206,7 @@ class SimMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]
         values = self._labels
-        published = self._snapshot()  # the scheduler's gauges, as of the last step
-        snap = self.engine.snapshot()  # counters: as counted so far
+        snap = self.snapshot()
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=labels)
@@ -223,23 +221,19 @@ class SimMetrics(Collector):
         yield gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
-            published.running,
+            snap.running,
         )
         yield gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            published.waiting,
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", snap.waiting
         )
         yield gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            published.kv_usage,
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", snap.kv_usage
         )
         yield gauge(
             "vllm:gpu_cache_usage_perc",
             "GPU KV-cache usage. 1 means 100 percent usage. "
             "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
-            published.kv_usage,
+            snap.kv_usage,
         )
         yield counter(
             "vllm:num_preemptions",
