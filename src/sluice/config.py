@@ -63,12 +63,64 @@ class DropPolicy(StrEnum):
     FAST_REJECT = "fast-reject"
 
 
+def parse_objective(value: Any) -> float:
+    """A latency objective's duration: like `parse_duration`, and more than zero."""
+    if isinstance(value, str) and value.strip().startswith("-"):
+        parse_duration(value.strip()[1:])  # malformed beyond its sign: say that instead
+        raise ValueError(f"an objective must be more than zero, got {value!r}")
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"an objective must be more than zero, got {value!r}")
+    return seconds
+
+
+ObjectiveDuration = Annotated[float, BeforeValidator(parse_objective)]
+
+
+class Objective(_Model):
+    """A class's latency objective (docs/limiter.md, "`slo`"): what one of its requests
+    must achieve to count as served well. `ttft`: time to the first token; `tpot`: time
+    per output token after it (the request's mean); `doneWithin`: time to the last token.
+    Times count from the request's arrival at the gateway (its queue wait included).
+    The bench judges its runs by these, and the `slo` limiter steers toward them."""
+
+    ttft: ObjectiveDuration | None = None
+    tpot: ObjectiveDuration | None = None
+    done_within: ObjectiveDuration | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> Objective:
+        if self.ttft is None and self.tpot is None and self.done_within is None:
+            raise ValueError("an objective needs at least one of ttft, tpot, doneWithin")
+        return self
+
+
+# Each class's objective when its queue states none: the bench's SLOs of DESIGN.md
+# section 4 (P0 interactive, P1 agents that may wait 10-15 s, P2 batch within a minute).
+DEFAULT_OBJECTIVES: dict[int, Objective] = {
+    0: Objective(ttft=1.0, tpot=0.1),
+    1: Objective(ttft=15.0),
+    2: Objective(done_within=60.0),
+}
+
+
 class QueuePolicy(_Model):
     priority: int = Field(ge=0, le=2)
     name: str = Field(min_length=1)
     max_queue_size: int = Field(ge=0)
     timeout: Duration = Field(gt=0)
     drop_policy: DropPolicy
+    # The class's latency objective; left out: DEFAULT_OBJECTIVES of its priority.
+    slo: Objective = Field(default=None, validate_default=False)  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_slo(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("slo") is None:
+            prio = data.get("priority")
+            if isinstance(prio, int) and not isinstance(prio, bool) and prio in DEFAULT_OBJECTIVES:
+                data = {**data, "slo": DEFAULT_OBJECTIVES[prio]}
+        return data
 
 
 DEFAULT_QUEUES: tuple[QueuePolicy, ...] = (
@@ -312,6 +364,10 @@ class Policy(_Model):
 
     def queue(self, priority: int) -> QueuePolicy:
         return next(q for q in self.queues if q.priority == priority)
+
+    def objectives(self) -> dict[int, Objective]:
+        """Each class's latency objective, by priority."""
+        return {q.priority: q.slo for q in self.queues}
 
 
 def _unique(what: str, names: list[str]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from sluice.bench.harness import ArmSpec
 from sluice.bench.peers import PEER_ARMS, peer_arm
 from sluice.bench.scenario import Scenario
-from sluice.config import DEFAULT_QUEUES, Policy
+from sluice.config import CLASS_NAMES, DEFAULT_QUEUES, Policy
 
 ARMS = ("direct", "static", "fifo", "sluice", "oracle", *PEER_ARMS)
 VIRTUAL_ONLY = frozenset({"oracle"})
@@ -44,10 +44,24 @@ def _tenants(scenario: Scenario) -> list[dict[str, Any]]:
     ]
 
 
+def _queues(scenario: Scenario) -> list[dict[str, Any]]:
+    """The default queues, each with the objective the scenario judges its class by: the
+    gateway aims at what the bench measures (one source of truth)."""
+    out = []
+    for q in DEFAULT_QUEUES:
+        d = q.model_dump(by_alias=True, exclude_none=True)
+        d["slo"] = scenario.slos[CLASS_NAMES[q.priority]].model_dump(
+            by_alias=True, exclude_none=True
+        )
+        out.append(d)
+    return out
+
+
 def sluice_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
     initial = min(8, max_limit)
     return Policy.model_validate(
         {
+            "queues": _queues(scenario),
             "tenants": _tenants(scenario),
             "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
         }
@@ -55,13 +69,14 @@ def sluice_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
 
 
 def fifo_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
-    queues = [q.model_dump(by_alias=True) for q in DEFAULT_QUEUES]
+    queues = _queues(scenario)
     queues[0] = {
         "priority": 0,
         "name": "fifo",
         "maxQueueSize": FIFO_QUEUE_SIZE,
         "timeout": FIFO_TIMEOUT_S,
         "dropPolicy": "tail",
+        "slo": queues[0]["slo"],  # one class: held to the tightest objective
     }
     initial = min(8, max_limit)
     return Policy.model_validate(

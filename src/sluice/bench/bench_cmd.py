@@ -14,6 +14,7 @@ import orjson
 from sluice.bench.arms import ARMS, VIRTUAL_ONLY
 from sluice.bench.noise import parse_jitter
 from sluice.bench.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sluice.config import CLASS_NAMES, ConfigError, Policy, load_policy
 from sluice.sim.surfaces import SURFACES
 
 
@@ -107,6 +108,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="concurrency levels to sweep (default: 0.5x to 1.5x the calibrated sweet spot)",
     )
     parser.add_argument(
+        "--policy",
+        metavar="PATH",
+        help="judge the run by this policy's per-class objectives (queues[].slo), and run "
+        "the arms' gateways with them (default: the scenario's `slos`, else the defaults)",
+    )
+    parser.add_argument(
         "--real-size",
         action="store_true",
         help="virtual mode at the size real mode uses (the scenario's `real` section), to "
@@ -168,6 +175,14 @@ def trace_overrides(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"trace": trace} if trace else None
 
 
+def policy_slos(policy: Policy) -> dict[str, Any]:
+    """A policy's objectives as a scenario's `slos` section (one source of truth)."""
+    return {
+        CLASS_NAMES[p]: o.model_dump(by_alias=True, exclude_none=True)
+        for p, o in policy.objectives().items()
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -188,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
             overrides["description"] = f"replay of {args.trace}"
         if overrides and not args.trace and load_scenario(name).trace is None:
             raise ValueError("the trace options need --trace or a scenario with a trace")
+        if getattr(args, "policy", None):
+            overrides = {**(overrides or {}), "slos": policy_slos(load_policy(args.policy))}
         scenario = load_scenario(name, overrides)
         arms = _arms(args, scenario.spec.arms)
         if args.jitter:
@@ -196,6 +213,11 @@ def run(args: argparse.Namespace) -> int:
             parse_jitter(args.jitter)
     except ScenarioError as exc:
         err.print(f"[red]{exc.source}: invalid scenario[/red]")
+        for line in exc.errors:
+            err.print(f"  {line}")
+        return 2
+    except ConfigError as exc:
+        err.print(f"[red]{exc.source}: invalid policy[/red]")
         for line in exc.errors:
             err.print(f"  {line}")
         return 2

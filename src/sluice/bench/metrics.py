@@ -46,7 +46,7 @@ def meets_slo(ttft: float | None, tpot: float | None, e2e: float | None, slo: Sl
         return False
     if slo.tpot is not None and tpot is not None and tpot > slo.tpot:
         return False
-    return not (slo.e2e is not None and (e2e is None or e2e > slo.e2e))
+    return not (slo.done_within is not None and (e2e is None or e2e > slo.done_within))
 
 
 def arm_results(

@@ -867,7 +867,7 @@ def run_real(
                 for p, c, rps in zip(small.phases, caps, rates, strict=True)
             ],
         },
-        "slos": {c: s.model_dump(exclude_none=True) for c, s in small.slos.items()},
+        "slos": {c: s.model_dump(exclude_none=True, by_alias=True) for c, s in small.slos.items()},
         "arms": results,
         "timing": {"total_s": round(time.perf_counter() - started, 2)},
     }

@@ -281,7 +281,9 @@ def run_virtual(
             {"jitter": {"p50_s": jitter.p50_s, "p99_s": jitter.p99_s}} if jitter is not None else {}
         ),
         "plan": plan.describe(),
-        "slos": {c: s.model_dump(exclude_none=True) for c, s in scenario.slos.items()},
+        "slos": {
+            c: s.model_dump(exclude_none=True, by_alias=True) for c, s in scenario.slos.items()
+        },
         "oracle_sweep": sweep,
         "arms": results,
         "timing": {

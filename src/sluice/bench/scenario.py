@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 
 from sluice.bench.trace import Trace, TraceError, read_trace, resolve_trace_path
-from sluice.config import Duration
+from sluice.config import CLASS_NAMES, DEFAULT_OBJECTIVES, Duration, Objective
 from sluice.sim.profiles import Profile, get_profile
 
 CLASSES = ("P0", "P1", "P2")
@@ -127,19 +127,12 @@ class ClientBehaviour(_Model):
     retry: Retry = Retry()
 
 
-class Slo(_Model):
-    """What a request must achieve to count as a success (from its first attempt)."""
-
-    ttft: Duration | None = None
-    tpot: Duration | None = None
-    e2e: Duration | None = None
-
-
-DEFAULT_SLOS: dict[str, Slo] = {
-    "P0": Slo(ttft=1.0, tpot=0.1),
-    "P1": Slo(ttft=15.0),
-    "P2": Slo(e2e=60.0),
-}
+# What a request must achieve to count as a success (from its first attempt): the
+# policy's own per-class objectives (`queues[].slo`), so the bench judges a run by what the
+# gateway it runs aims at. A scenario's `slos` replace the defaults class by class, and the
+# arms' policies carry them (bench.arms).
+Slo = Objective
+DEFAULT_SLOS: dict[str, Objective] = {CLASS_NAMES[p]: o for p, o in DEFAULT_OBJECTIVES.items()}
 
 
 class TenantSpec(_Model):
