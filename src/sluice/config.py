@@ -230,7 +230,9 @@ class Feature(_Model):
 class LimiterPolicy(_Model):
     """Adaptive concurrency per backend (see docs/limiter.md for the algorithms)."""
 
-    algorithm: Literal["sluice", "vegas-seed", "gradient", "fixed"] = "sluice"
+    # `slo`: `sluice` steered by the classes' objectives (queues[].slo) instead of a
+    # fixed TPOT target.
+    algorithm: Literal["sluice", "slo", "vegas-seed", "gradient", "fixed"] = "sluice"
     min_limit: int = Field(default=1, ge=1)
     max_limit: int = Field(default=256, ge=1)
     initial_limit: int = Field(default=8, ge=1)

@@ -7,6 +7,7 @@
   longest default timeout); no reservation.
 * `fifo`: the same single FIFO class, with the adaptive `sluice` limiter.
 * `sluice`: everything on, the policy's defaults (classes, reservation, drop policies).
+* `slo`: `sluice` with the `slo` limiter (steered by the classes' objectives).
 * `oracle`: Sluice's classes and dispatcher with a fixed cap per phase, the best one a
   sweep over caps found for that phase (`bench.runner.oracle_sweep`).
 * `gie`, `gie-flow`, `litellm`, `envoy`: the peers' own decisions (`bench.peers`); LiteLLM's
@@ -25,7 +26,7 @@ from sluice.bench.peers import PEER_ARMS, peer_arm
 from sluice.bench.scenario import Scenario
 from sluice.config import CLASS_NAMES, DEFAULT_QUEUES, Policy
 
-ARMS = ("direct", "static", "fifo", "sluice", "oracle", *PEER_ARMS)
+ARMS = ("direct", "static", "fifo", "sluice", "slo", "oracle", *PEER_ARMS)
 VIRTUAL_ONLY = frozenset({"oracle"})
 
 FIFO_QUEUE_SIZE = sum(q.max_queue_size for q in DEFAULT_QUEUES)
@@ -111,6 +112,8 @@ def arm_spec(
         return ArmSpec("fifo", fifo_policy(scenario, max_limit), True)
     if name == "sluice":
         return ArmSpec("sluice", sluice_policy(scenario, max_limit))
+    if name == "slo":
+        return ArmSpec("slo", sluice_policy(scenario, max_limit, algorithm="slo"))
     if name == "oracle":
         if oracle_caps is None:
             raise ValueError("the oracle arm needs its caps (run the sweep first)")

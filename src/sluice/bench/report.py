@@ -11,6 +11,7 @@ ARM_COLOURS = {
     "static": "tab:orange",
     "fifo": "tab:purple",
     "sluice": "tab:blue",
+    "slo": "navy",
     "oracle": "tab:green",
     "gie": "tab:brown",
     "gie-flow": "tab:pink",

@@ -20,9 +20,10 @@ from sluice.bench.scenario import Scenario
 from sluice.bench.workload import ClientRequest, generate
 from sluice.sim.profiles import Profile
 
-# The oracle sweeps caps at these multiples of each phase's sweet spot, then refines.
-ORACLE_FACTORS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.6)
-ORACLE_EXTEND = 2
+# The oracle sweeps caps at multiples of each phase's sweet spot, then refines: the
+# scenario's `oracle:` section (scenario.OracleSpec; `scale` has a coarser grid).
+# The oracle's cap of a phase must keep P0's SLO attainment at least this high there.
+ORACLE_MIN_P0_SLO = 0.99
 
 Progress = Callable[[str, float], None]  # (what, fraction done 0..1)
 
@@ -158,16 +159,23 @@ def oracle_sweep(
     plan: Plan,
     progress: Progress | None = None,
     *,
-    factors: tuple[float, ...] = ORACLE_FACTORS,
+    factors: tuple[float, ...] | None = None,
     phases: list[int] | None = None,
-    extend: int = ORACLE_EXTEND,
+    extend: int | None = None,
+    min_p0_slo: float | None = ORACLE_MIN_P0_SLO,
 ) -> tuple[list[int], list[dict[str, Any]]]:
     """The best fixed cap of each phase: run the whole scenario with Sluice's dispatcher at
     each candidate cap (multiples of the phases' sweet spots), and for each phase keep the
-    cap whose requests arriving in that phase got the most goodput (ties: fewer
-    preemptions, then the smaller cap). When a phase's best cap has no candidate within
-    25 % above (or below) it, the sweep tries 1.25 x (or 0.8 x) that cap too, up to
-    `extend` more rounds: the optimum is not left at the edge of the grid."""
+    cap whose requests arriving in that phase got the most goodput among the caps that
+    kept P0's SLO attainment there at `min_p0_slo` or more (None: goodput alone; no cap
+    does: the one with the best P0 attainment; ties: fewer preemptions, then the smaller
+    cap). When a phase's best cap has no candidate within 25 % above (or below) it, the
+    sweep tries 1.25 x (or 0.8 x) that cap too, up to `extend` more rounds: the optimum
+    is not left at the edge of the grid. `factors` and `extend` default to the
+    scenario's `oracle:` section."""
+    spec = plan.scenario.spec.oracle
+    factors = spec.factors if factors is None else factors
+    extend = spec.extend if extend is None else extend
     wanted = [i for i in range(len(plan.scenario.phases)) if phases is None or i in phases]
 
     def clamp(c: float) -> int:
@@ -190,13 +198,14 @@ def oracle_sweep(
                         {
                             "goodput_tokens_per_s": p["goodput_tokens_per_s"],
                             "backend_preemptions": p["backend_preemptions"],
+                            "p0_slo_attainment": p["slo_attainment"]["P0"],
                         }
                         for p in res["phases"]
                     ],
                     "wall_s": res["wall_s"],
                 }
             )
-        caps = [_best_cap(table, i) for i in range(len(plan.scenario.phases))]
+        caps = [_best_cap(table, i, min_p0_slo) for i in range(len(plan.scenario.phases))]
         more: set[int] = set()
         for i in wanted:
             c = caps[i]
@@ -211,9 +220,25 @@ def oracle_sweep(
     return caps, table
 
 
-def _best_cap(table: list[dict[str, Any]], phase: int) -> int:
+def _p0_ok(row: dict[str, Any], phase: int, min_p0_slo: float | None) -> bool:
+    p0 = row["phases"][phase].get("p0_slo_attainment")
+    return min_p0_slo is None or p0 is None or p0 >= min_p0_slo
+
+
+def _best_cap(table: list[dict[str, Any]], phase: int, min_p0_slo: float | None = None) -> int:
+    ok = [row for row in table if _p0_ok(row, phase, min_p0_slo)]
+    if not ok:  # no cap keeps P0's objective: the one that comes closest
+        best = max(
+            table,
+            key=lambda row: (
+                row["phases"][phase].get("p0_slo_attainment") or 0.0,
+                row["phases"][phase]["goodput_tokens_per_s"],
+                -row["cap"],
+            ),
+        )
+        return int(best["cap"])
     best = max(
-        table,
+        ok,
         key=lambda row: (
             row["phases"][phase]["goodput_tokens_per_s"],
             -row["phases"][phase]["backend_preemptions"],
@@ -221,6 +246,17 @@ def _best_cap(table: list[dict[str, Any]], phase: int) -> int:
         ),
     )
     return int(best["cap"])
+
+
+def oracle_constraint(
+    table: list[dict[str, Any]], caps: list[int], min_p0_slo: float | None = ORACLE_MIN_P0_SLO
+) -> dict[str, Any]:
+    """Whether each phase's oracle cap kept P0's objective (for results.json)."""
+    by_cap = {row["cap"]: row for row in table}
+    return {
+        "min_p0_slo_attainment": min_p0_slo,
+        "met_per_phase": [_p0_ok(by_cap[c], i, min_p0_slo) for i, c in enumerate(caps)],
+    }
 
 
 def run_virtual(
@@ -270,6 +306,8 @@ def run_virtual(
             res["cap"] = cap or plan.sweet_spots[0]
         if a == "oracle":
             res["caps_per_phase"] = oracle_caps
+            assert sweep is not None and oracle_caps is not None
+            res["constraint"] = oracle_constraint(sweep, oracle_caps)
         results[a] = res
     return {
         "scenario": scenario.name,

@@ -255,6 +255,20 @@ class RealMode(_Model):
     max_rps: float = Field(default=60.0, gt=0)  # refuse to offer more than this
 
 
+class OracleSpec(_Model):
+    """The oracle's sweep (bench.runner.oracle_sweep): caps at these multiples of each
+    phase's sweet spot, then up to `extend` rounds of refinement around the best."""
+
+    factors: tuple[float, ...] = Field(default=(0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.6), min_length=1)
+    extend: int = Field(default=2, ge=0, le=5)
+
+    @model_validator(mode="after")
+    def _positive(self) -> OracleSpec:
+        if any(f <= 0 for f in self.factors):
+            raise ValueError("factors must be more than zero")
+        return self
+
+
 class ScenarioSpec(_Model):
     name: str = Field(min_length=1)
     description: str = ""
@@ -269,6 +283,7 @@ class ScenarioSpec(_Model):
     # After the last arrival, let requests finish for at most this long.
     drain: Duration = Field(default=60.0, ge=0)
     real: RealMode = RealMode()
+    oracle: OracleSpec = OracleSpec()
     # Arms `sluice bench` runs when --arms is not given.
     arms: tuple[str, ...] = ("direct", "static", "fifo", "sluice", "oracle")
 

@@ -14,6 +14,7 @@ class BackendState:
         "counted_limit",
         "healthy",
         "inflight",
+        "inflight_by_class",
         "inflight_tokens",
         "kv_budget",
         "kv_capacity",
@@ -33,6 +34,7 @@ class BackendState:
         self.healthy = True
         self.models: frozenset[str] = frozenset()  # empty = serves any model
         self.inflight = 0
+        self.inflight_by_class = [0, 0, 0]  # by priority (the `slo` limiter reads it)
         self.inflight_tokens = 0
         self.prefill_tokens = 0.0  # prompt tokens of in-flight requests without a first token
         self.limit = limiter.limit  # cached after every limiter call

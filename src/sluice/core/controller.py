@@ -198,10 +198,13 @@ class Controller:
         if self._limiter_factory is not None:
             return self._limiter_factory(name, lp, initial)
         kwargs = dict(self._limiter_kwargs.get(lp.algorithm, {}))
-        if lp.algorithm == "sluice":
+        if lp.algorithm in ("sluice", "slo"):
             kwargs.setdefault("seed", f"{self._seed}:{name}")
             kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved.p0)
             kwargs.setdefault("demand_footprint", self._admitted_footprint_of(name))
+        if lp.algorithm == "slo":
+            kwargs.setdefault("objectives", self._policy.objectives())
+            kwargs.setdefault("classes_in_flight", self._classes_in_flight_of(name))
         return make_limiter(lp, initial_limit=initial, **kwargs)
 
     def _admitted_footprint_of(self, name: str) -> Callable[[], float | None]:
@@ -215,6 +218,16 @@ class Controller:
             return cost.admitted_footprint(frozenset() if b is None else b.models)
 
         return admitted
+
+    def _classes_in_flight_of(self, name: str) -> Callable[[], Sequence[int]]:
+        """For a backend's limiter: its requests in flight by priority."""
+        backends = self._dispatcher.backends
+
+        def in_flight() -> Sequence[int]:
+            b = backends.get(name)
+            return (0, 0, 0) if b is None else b.inflight_by_class
+
+        return in_flight
 
     def set_backends(self, names: Sequence[str]) -> None:
         wanted = list(dict.fromkeys(names))
@@ -619,6 +632,7 @@ class Controller:
                 inflight=rec.inflight_at_send,
                 sent_at=rec.dispatched_at,
                 extra={"prefill_ahead": rec.prefill_ahead},
+                priority=rec.priority,
             ),
             now,
         )
@@ -674,6 +688,8 @@ class Controller:
                 dropped=outcome in _DROP_OUTCOMES,
                 sent_at=rec.dispatched_at,
                 e2e_s=e2e,
+                priority=rec.priority,
+                client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
             ),
             now,
         )
@@ -777,6 +793,8 @@ class Controller:
         for b in d.backends.values():
             if hasattr(b.limiter, "usable_share"):
                 b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0  # type: ignore[attr-defined]
+            if hasattr(b.limiter, "objectives"):
+                b.limiter.objectives = policy.objectives()  # type: ignore[attr-defined]
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():

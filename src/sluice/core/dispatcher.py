@@ -199,6 +199,7 @@ class Dispatcher:
 
     def assign(self, rec: RequestRecord, b: BackendState, now: float) -> None:
         b.inflight += 1
+        b.inflight_by_class[rec.priority] += 1
         b.inflight_tokens += rec.cost
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
@@ -213,6 +214,7 @@ class Dispatcher:
         if b is None:
             return
         b.inflight -= 1
+        b.inflight_by_class[rec.priority] -= 1
         b.inflight_tokens -= rec.cost
         if rec.first_token_at is None:
             self.prefilled(rec)

@@ -8,6 +8,7 @@ from sluice.config import LimiterPolicy
 from sluice.core.limiters.base import Limiter, LimiterBase, request_rtt
 from sluice.core.limiters.fixed import FixedLimiter
 from sluice.core.limiters.gradient import GradientLimiter
+from sluice.core.limiters.slo import SloLimiter
 from sluice.core.limiters.sluice import SluiceLimiter
 from sluice.core.limiters.vegas_seed import VegasSeedLimiter
 
@@ -16,6 +17,7 @@ __all__ = [
     "GradientLimiter",
     "Limiter",
     "LimiterBase",
+    "SloLimiter",
     "SluiceLimiter",
     "VegasSeedLimiter",
     "make_limiter",
@@ -39,4 +41,6 @@ def make_limiter(
         return GradientLimiter(policy.min_limit, policy.max_limit, start, **kwargs)
     if algo == "sluice":
         return SluiceLimiter(policy.min_limit, policy.max_limit, start, **kwargs)
+    if algo == "slo":
+        return SloLimiter(policy.min_limit, policy.max_limit, start, **kwargs)
     raise ValueError(f"unknown limiter algorithm {algo!r}")

@@ -215,6 +215,14 @@ class SluiceLimiter(LimiterBase):
         rel = 0.0 if base is None else base * self.tpot_base_ratio
         return max(self.tpot_target_s, rel)
 
+    def _tpot_too_slow(self, sample: Sample, now: float) -> bool:
+        """After a TPOT sample (already in the EWMA): is the backend too slow per token?"""
+        return (self._tpot.value or 0.0) > self.tpot_target(now)
+
+    def _tpot_allows_growth(self, now: float) -> bool:
+        tpot = self._tpot.value
+        return tpot is None or tpot <= self.tpot_grow_below * self.tpot_target(now)
+
     def describe(self) -> dict[str, object]:
         """Internal state for the snapshot (JSON-able)."""
         return {
@@ -263,8 +271,8 @@ class SluiceLimiter(LimiterBase):
             return
         if sample.tpot_s is not None and sample.tpot_s > 0:
             self._tpot_base.update(sample.tpot_s, now)
-            ewma = self._tpot.update(sample.tpot_s)
-            if ewma > self.tpot_target(now):
+            self._tpot.update(sample.tpot_s)
+            if self._tpot_too_slow(sample, now):
                 self._cut(now, sample.sent_at, "tpot")
                 return
         if sample.ttft_s is None:
@@ -389,8 +397,7 @@ class SluiceLimiter(LimiterBase):
             return
         if self._inflight < self.near_limit * max(1.0, self.usable_share * self._limit):
             return
-        tpot = self._tpot.value
-        if tpot is not None and tpot > self.tpot_grow_below * self.tpot_target(now):
+        if not self._tpot_allows_growth(now):
             return
         step = 1.0 if self._slow_start else min(1.0, self.growth / math.sqrt(self._limit))
         self._limit = min(float(self.max_limit), self._limit + step)

@@ -1,0 +1,219 @@
+"""The `slo` limiter: the p95 of the per-request TPOT kept under the tightest objective of
+the classes a backend serves, less the tail margin; exact values on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.config import Objective, Policy
+from sluice.core.clock import FakeClock
+from sluice.core.controller import Controller
+from sluice.core.limiters import SloLimiter
+from sluice.core.types import RequestInfo, Sample
+
+OBJECTIVES = {
+    0: Objective(ttft=1.0, tpot=0.1),
+    1: Objective(ttft=15.0),
+    2: Objective(done_within=60.0),
+}
+PROMPT = 436  # + the fixed 64 = 500 tokens of prefill work
+
+
+class InFlight:
+    """What the controller hands the limiter: requests in flight by priority."""
+
+    def __init__(self, p0: int = 0, p1: int = 0, p2: int = 0) -> None:
+        self.counts = [p0, p1, p2]
+
+    def __call__(self) -> list[int]:
+        return self.counts
+
+
+def limiter(flight: InFlight, initial: int = 20, **kw: object) -> SloLimiter:
+    args: dict[str, object] = {"probe_jitter": 0.0, "probe_interval_s": 10.0}
+    args.update(kw)
+    return SloLimiter(1, 200, initial, objectives=OBJECTIVES, classes_in_flight=flight, **args)  # type: ignore[arg-type]
+
+
+def end(lim: SloLimiter, tpot: float, now: float, sent_at: float = 0.0) -> None:
+    lim.on_sample(
+        Sample(
+            ttft_s=0.1,
+            tpot_s=tpot,
+            prompt_tokens=PROMPT,
+            completion_tokens=100,
+            sent_at=sent_at,
+            e2e_s=0.1 + 99 * tpot,
+        ),
+        now,
+    )
+
+
+def ttft(lim: SloLimiter, seconds: float, now: float) -> None:
+    lim.on_sample(Sample(ttft_s=seconds, prompt_tokens=PROMPT, sent_at=now - seconds), now)
+
+
+def test_the_target_is_the_tightest_objective_being_served_less_the_margin() -> None:
+    flight = InFlight(p0=1, p2=5)
+    lim = limiter(flight)
+    assert lim.tpot_objective(0.0) == 0.1
+    assert lim.tpot_target(0.0) == pytest.approx(0.09)  # (1 - 0.1) x 100 ms
+    # P0 leaves: still served for the hold (10 s), then only lenient classes remain:
+    # 2 x the policy's tightest TPOT objective
+    flight.counts = [0, 0, 5]
+    assert lim.tpot_target(9.9) == pytest.approx(0.09)
+    assert lim.tpot_objective(10.1) == pytest.approx(0.2)
+    assert lim.tpot_target(10.1) == pytest.approx(0.18)
+    assert lim.serving(10.1) == [2]
+    flight.counts = [1, 0, 5]  # P0 is back
+    assert lim.tpot_target(10.2) == pytest.approx(0.09)
+
+
+def test_a_p95_over_the_target_cuts_once_there_are_enough_samples() -> None:
+    lim = limiter(InFlight(p0=2, p1=10))
+    lim.on_dispatch(20, 100, 0.0)
+    # seven samples: below min_samples (8), no judgement yet, whatever they say
+    for i in range(7):
+        end(lim, 0.095, 1.0 + i * 0.01)
+    assert lim.limit == 20 and lim.cuts == 0
+    # the eighth: p95 of eight = the 8th smallest = 95 ms > 90 ms
+    end(lim, 0.05, 1.1)
+    assert lim.tpot_p95() == 0.095
+    assert lim.limit == 16 and lim.last_cut_reason == "tpot"
+
+
+def test_a_p95_under_the_target_does_not_cut_although_the_mean_is_far_above_30ms() -> None:
+    lim = limiter(InFlight(p0=2))
+    lim.on_dispatch(20, 100, 0.0)
+    for i in range(40):
+        end(lim, 0.06 if i % 10 else 0.089, 1.0 + i * 0.01)
+    assert lim.tpot_p95() == 0.089
+    assert lim.cuts == 0 and lim.limit == 20  # `sluice` would have cut at a 30 ms mean
+
+
+def test_after_a_cut_only_requests_sent_under_the_new_limit_are_judged() -> None:
+    lim = limiter(InFlight(p0=2))
+    lim.on_dispatch(20, 100, 0.0)
+    for i in range(8):
+        end(lim, 0.12, 1.0 + i * 0.01)
+    assert lim.limit == 16
+    cut_at = 1.07
+    # requests sent before the cut end slow: they describe the old batch, no second cut
+    for i in range(20):
+        end(lim, 0.12, 2.0 + i * 0.01, sent_at=0.5)
+    assert lim.limit == 16 and lim.cuts == 1
+    # eight sent after it, all fast: the p95 is theirs (70 ms), and growth is allowed
+    for i in range(8):
+        end(lim, 0.07, 3.0 + i * 0.01, sent_at=cut_at + 0.1)
+    assert lim.tpot_p95() == 0.07 and lim.cuts == 1
+
+
+def test_growth_waits_for_a_p95_inside_the_band_under_the_target() -> None:
+    lim = limiter(InFlight(p0=2), initial=20)
+    lim.on_dispatch(20, 100, 0.0)
+    ttft(lim, 0.05, 0.05)  # sets the TTFT base
+    for i in range(8):
+        end(lim, 0.085, 0.1 + i * 0.01)  # p95 85 ms: under 90, above 0.9 x 90 = 81
+    ttft(lim, 0.05, 0.3)
+    assert lim.latency_limit == 20.0
+    for i in range(40):
+        end(lim, 0.08, 0.4 + i * 0.001)  # the window now holds 80 ms only
+    ttft(lim, 0.05, 0.5)
+    assert lim.latency_limit == 21.0  # slow start: +1
+
+
+def test_with_only_lenient_classes_the_batch_may_run_slower() -> None:
+    flight = InFlight(p1=10, p2=10)
+    lim = limiter(flight)
+    lim.on_dispatch(20, 100, 0.0)
+    for i in range(8):
+        end(lim, 0.15, 1.0 + i * 0.01)  # 150 ms: under 2 x 100 ms less the margin (180)
+    assert lim.cuts == 0
+    flight.counts = [1, 10, 10]  # a P0 request arrives
+    lim.on_dispatch(21, 100, 1.2)
+    end(lim, 0.15, 1.3)
+    assert lim.limit == 16 and lim.last_cut_reason == "tpot"
+
+
+def test_a_policy_without_tpot_objectives_falls_back_to_sluice_target() -> None:
+    lim = SloLimiter(1, 200, 20, objectives={0: Objective(ttft=1.0)}, probe_jitter=0.0)
+    assert lim.tpot_objective(0.0) is None
+    assert lim.tpot_target(0.0) == 0.03
+
+
+def test_the_controller_tells_the_limiter_which_classes_it_serves() -> None:
+    clock = FakeClock()
+    policy = Policy.model_validate(
+        {
+            "tenants": [
+                {"name": "p0", "apiKeys": ["k0"], "priority": 0},
+                {"name": "p2", "apiKeys": ["k2"], "priority": 2},
+            ],
+            "limiter": {"algorithm": "slo"},
+        }
+    )
+    ctrl = Controller(policy, clock, ["b0"])
+    lim = ctrl._dispatcher.backends["b0"].limiter
+    assert isinstance(lim, SloLimiter)
+    ctrl.arrive(RequestInfo("r2", "p2", 2, "m", 100, 50))
+    ctrl.step()
+    assert lim.serving(clock.now()) == [2]
+    assert lim.tpot_target(clock.now()) == pytest.approx(0.18)
+    ctrl.arrive(RequestInfo("r0", "p0", 0, "m", 100, 50))
+    ctrl.step()
+    assert lim.serving(clock.now()) == [0, 2]
+    assert lim.tpot_target(clock.now()) == pytest.approx(0.09)
+    # a reload with a tighter P0 objective reaches the limiter in place
+    tighter = policy.model_copy(
+        update={
+            "queues": tuple(
+                q.model_copy(update={"slo": Objective(ttft=1.0, tpot=0.05)})
+                if q.priority == 0
+                else q
+                for q in policy.queues
+            )
+        }
+    )
+    ctrl.apply_policy(tighter)
+    assert ctrl._dispatcher.backends["b0"].limiter is lim
+    assert lim.tpot_target(clock.now()) == pytest.approx(0.045)
+
+
+def test_a_time_budget_bounds_the_mean_tpot_of_the_long_answers() -> None:
+    # P0's clients wait 30 s; its answers run up to 1,001 tokens: (30 - 1 s for the first
+    # token) / 1,000 = 29 ms per token on average, whatever its 100 ms TPOT objective says
+    lim = limiter(InFlight(p0=1))
+    lim.on_dispatch(20, 100, 0.0)
+
+    def ends(n: int, tokens: int, tpot: float, prio: int, budget: float | None) -> None:
+        for _ in range(n):
+            lim.on_sample(
+                Sample(
+                    ttft_s=0.1,
+                    tpot_s=tpot,
+                    completion_tokens=tokens,
+                    e2e_s=0.1 + (tokens - 1) * tpot,
+                    sent_at=0.0,
+                    priority=prio,
+                    client_budget_s=budget,
+                ),
+                1.0,
+            )
+
+    ends(1, 1001, 0.02, 0, 30.0)
+    ends(18, 100, 0.02, 0, 30.0)
+    assert lim.budget_bound(0) is None  # 19 lengths: fewer than min_lengths (20)
+    assert lim.mean_target(1.0) is None
+    ends(1, 100, 0.02, 0, 30.0)
+    # 20 lengths: the 99th percentile is the longest, 1,001
+    assert lim.budget_bound(0) == pytest.approx(0.029)
+    assert lim.mean_target(1.0) == pytest.approx(0.95 * 0.029)
+    assert lim.tpot_target(1.0) == pytest.approx(0.09)  # the p95's target is unchanged
+    assert lim.cuts == 0
+    # a mean above 27.55 ms cuts, although the p95 is far under 90 ms
+    ends(1, 100, 0.05, 0, 30.0)  # EWMA 0.3 x 50 + 0.7 x 20 = 29 ms
+    assert lim.limit == 16 and lim.last_cut_reason == "tpot"
+    # P2: done within 60 s and no client deadline; P1: no budget at all
+    ends(20, 601, 0.02, 2, None)
+    assert lim.budget_bound(2) == pytest.approx(0.1)  # 60 s / 600
+    assert lim.budget_bound(1) is None
