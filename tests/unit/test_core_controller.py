@@ -80,8 +80,11 @@ def test_samples_at_first_token_and_at_the_end() -> None:
         inflight=2,
         sent_at=1.0,
         extra={"prefill_ahead": 244.0},
+        priority=first.priority,
+        max_tokens=100,
     )
     assert end.e2e_s == pytest.approx(2.2)
+    assert end.priority == first.priority and end.max_tokens == 100
     assert end.ttft_s == pytest.approx(0.2)
     assert end.tpot_s == pytest.approx(2.0 / 100)
     assert (end.prompt_tokens, end.completion_tokens, end.inflight) == (250, 101, 2)

@@ -183,10 +183,13 @@ def test_a_time_budget_bounds_the_mean_tpot_of_the_long_answers() -> None:
     # P0's clients wait 30 s; its answers run up to 1,001 tokens: (30 - 1 s for the first
     # token) / 1,000 = 29 ms per token on average, whatever its 100 ms TPOT objective says
     lim = limiter(InFlight(p0=1))
-    lim.on_dispatch(20, 100, 0.0)
+    lim.on_dispatch(1, 100, 0.0)  # far below the limit: no growth to blur the cut
 
     def ends(n: int, tokens: int, tpot: float, prio: int, budget: float | None) -> None:
         for _ in range(n):
+            lim.on_sample(  # the first token: the class and its client's budget
+                Sample(ttft_s=0.1, sent_at=0.0, priority=prio, client_budget_s=budget), 1.0
+            )
             lim.on_sample(
                 Sample(
                     ttft_s=0.1,
@@ -205,7 +208,7 @@ def test_a_time_budget_bounds_the_mean_tpot_of_the_long_answers() -> None:
     assert lim.budget_bound(0) is None  # 19 lengths: fewer than min_lengths (20)
     assert lim.mean_target(1.0) is None
     ends(1, 100, 0.02, 0, 30.0)
-    # 20 lengths: the 99th percentile is the longest, 1,001
+    # 20 lengths: the longest is 1,001
     assert lim.budget_bound(0) == pytest.approx(0.029)
     assert lim.mean_target(1.0) == pytest.approx(0.95 * 0.029)
     assert lim.tpot_target(1.0) == pytest.approx(0.09)  # the p95's target is unchanged
@@ -217,3 +220,51 @@ def test_a_time_budget_bounds_the_mean_tpot_of_the_long_answers() -> None:
     ends(20, 601, 0.02, 2, None)
     assert lim.budget_bound(2) == pytest.approx(0.1)  # 60 s / 600
     assert lim.budget_bound(1) is None
+
+
+def test_before_answers_end_the_budget_bound_uses_what_requests_may_ask_for() -> None:
+    # the first answers to end are the short ones: until 20 have, the bound assumes the
+    # longest a request asked for (max_tokens), learnt at the first token
+    lim = limiter(InFlight(p0=1))
+    assert lim.budget_bound(0) is None
+    lim.on_sample(
+        Sample(
+            ttft_s=0.1,
+            prompt_tokens=PROMPT,
+            sent_at=0.0,
+            priority=0,
+            client_budget_s=30.0,
+            max_tokens=1025,
+        ),
+        0.1,
+    )
+    assert lim.budget_bound(0) == pytest.approx(29.0 / 1024)
+    assert lim.mean_target(0.1) == pytest.approx(0.95 * 29.0 / 1024)
+
+
+def test_p0_first_tokens_slower_than_half_its_ttft_objective_cut() -> None:
+    # the backend gets half of P0's 1 s (the rest is the gateway queue's), less the
+    # margin: 450 ms for the p95 of P0's last first tokens here
+    flight = InFlight(p0=3, p2=10)
+    lim = limiter(flight)
+    lim.on_dispatch(20, 100, 0.0)
+    assert lim.ttft_target(0.0) == (pytest.approx(0.45), 0)
+
+    def first(seconds: float, prio: int, now: float) -> None:
+        lim.on_sample(
+            Sample(ttft_s=seconds, prompt_tokens=PROMPT, sent_at=now - seconds, priority=prio),
+            now,
+        )
+
+    for i in range(20):  # P2's slow first tokens are not P0's objective
+        first(2.0, 2, 3.0 + i * 0.01)
+    assert lim.last_cut_reason != "ttft-objective"
+    cuts = lim.cuts
+    for i in range(7):
+        first(0.5, 0, 4.0 + i * 0.01)
+    assert lim.cuts == cuts  # seven: fewer than min_samples
+    before = lim.limit
+    first(0.3, 0, 4.1)  # eight: the p95 is 500 ms > 450 ms
+    assert lim.last_cut_reason == "ttft-objective" and lim.cuts == cuts + 1
+    # slow start took it from 20 to 26 on the good first tokens; one cut: 26 x 0.8
+    assert (cuts, before, lim.latency_limit) == (0, 26, pytest.approx(20.8))

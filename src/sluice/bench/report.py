@@ -306,6 +306,12 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
             mark_phases(ax)
         axes[-1].set_xlabel("time (s)")
         save(fig, "limit_cuts.png")
+
+    # each backend's TPOT and TTFT against the objectives (bench.objectives)
+    from sluice.bench.objectives import plot_objectives
+
+    if (name := plot_objectives(results, out)) is not None:
+        files.append(name)
     return files
 
 

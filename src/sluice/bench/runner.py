@@ -15,6 +15,7 @@ from sluice.bench.engine_view import engine_profile
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
 from sluice.bench.noise import Jitter
+from sluice.bench.objectives import objective_series
 from sluice.bench.replay import plan_trace
 from sluice.bench.scenario import Scenario
 from sluice.bench.workload import ClientRequest, generate
@@ -302,6 +303,8 @@ def run_virtual(
         runs[a] = run
         res = arm_results(run, scenario, sweet_spots=plan.sweet_spots, settle_targets=oracle_caps)
         res["series"] = _series_for_json(run)
+        # each backend's TPOT and TTFT against the objectives, over time
+        res["series"]["objectives"] = objective_series(run, scenario.duration + scenario.spec.drain)
         if a in ("static", "litellm"):
             res["cap"] = cap or plan.sweet_spots[0]
         if a == "oracle":

@@ -633,6 +633,8 @@ class Controller:
                 sent_at=rec.dispatched_at,
                 extra={"prefill_ahead": rec.prefill_ahead},
                 priority=rec.priority,
+                client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
+                max_tokens=rec.info.max_tokens,
             ),
             now,
         )
@@ -690,6 +692,7 @@ class Controller:
                 e2e_s=e2e,
                 priority=rec.priority,
                 client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
+                max_tokens=rec.info.max_tokens,
             ),
             now,
         )

@@ -148,7 +148,9 @@ class Sample:
     # Whole-request time (send to last token). Set only on the end-of-request sample; a
     # sample with e2e_s None and ttft_s set is the first-token sample.
     e2e_s: float | None = None
-    # The request's class, and (end samples) the time its client gave it from its arrival
-    # at the gateway (X-Request-Timeout), when it said: the `slo` limiter reads them.
+    # The request's class, the time its client gave it from its arrival at the gateway
+    # (X-Request-Timeout) when it said, and the tokens it may generate: the `slo` limiter
+    # reads them.
     priority: int | None = None
     client_budget_s: float | None = None
+    max_tokens: int | None = None

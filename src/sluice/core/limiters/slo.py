@@ -9,7 +9,7 @@ the backend is serving, less a tail margin (docs/limiter.md, "`slo`", derives it
 
     p95 target  = (1 - tail_margin) * min(objective.tpot of the classes being served)
     mean target = (1 - lag_margin) * min(budget bound of the classes being served)
-    budget bound = (budget - objective.ttft) / (p99 of the class's output tokens - 1)
+    budget bound = (budget - objective.ttft) / (the class's longest answer here - 1)
     budget       = min(objective.doneWithin, the time its clients give it, X-Request-Timeout)
     cut    when the p95 of the last `tpot_window` TPOT samples (of requests sent after the
            last cut, once there are `min_samples` of them) is above the p95 target, or the
@@ -19,9 +19,10 @@ the backend is serving, less a tail margin (docs/limiter.md, "`slo`", derives it
 A request's time budget also bounds its TPOT: a 1,000-token answer whose client waits 30 s
 needs 29 ms per token whatever the class's TPOT objective says. Such an answer lives long
 enough for its TPOT to be the batch's mean step time over half a minute, so it is the
-mean that is held to the budget, with the long answers the class has been seen to give
-(the 99th percentile of the last `length_window` of its output lengths here, once there
-are `min_lengths`).
+mean that is held to the budget, with the longest answer of the class's last
+`length_window` here (once `min_lengths` ended; before, the most tokens its requests
+asked for: the first answers to end are the short ones). The longest, not a p99: the
+class's 1 % of misses is not spent before the TPOT tail and the TTFT take theirs.
 
 A class is being served while it has a request in flight on the backend and for
 `serving_hold_s` after its last one left (a class that sends now and then is still
@@ -66,7 +67,9 @@ class SloLimiter(SluiceLimiter):
         lenient_ratio: float = 2.0,
         length_window: int = 200,
         min_lengths: int = 20,
-        length_quantile: float = 0.99,
+        length_quantile: float = 1.0,
+        ttft_share: float | None = 0.5,
+        ttft_window: int = 40,
         **kwargs: Any,
     ) -> None:
         super().__init__(min_limit, max_limit, initial_limit, **kwargs)
@@ -87,11 +90,15 @@ class SloLimiter(SluiceLimiter):
         self._last_served: dict[int, float] = {}  # class -> last time it had one in flight
         self._now = 0.0  # of the last event (for describe)
         self.min_lengths = min_lengths
+        self.ttft_share = ttft_share
+        # (sent_at, ttft, class) of the last first tokens here
+        self._ttfts: deque[tuple[float, float, int]] = deque(maxlen=ttft_window)
         self.length_quantile = length_quantile
-        # per class: (output tokens, client budget or None) of its last requests here
-        self._lengths: dict[int, deque[tuple[int, float | None]]] = {
-            p: deque(maxlen=length_window) for p in range(3)
-        }
+        # per class, of its last requests here: output tokens (ended), client budgets and
+        # max_tokens (from the first token on)
+        self._lengths: dict[int, deque[int]] = {p: deque(maxlen=length_window) for p in range(3)}
+        self._budgets: dict[int, deque[float]] = {p: deque(maxlen=length_window) for p in range(3)}
+        self._asked: dict[int, deque[int]] = {p: deque(maxlen=length_window) for p in range(3)}
 
     # -- the objective ----------------------------------------------------------------
 
@@ -110,20 +117,24 @@ class SloLimiter(SluiceLimiter):
 
     def budget_bound(self, prio: int) -> float | None:
         """The mean TPOT the class's long answers can take within its time budget:
-        (budget - its TTFT objective) / (the p99 of its output tokens here - 1); None
-        without a budget or before `min_lengths` of its answers ended here."""
+        (budget - its TTFT objective) / (long - 1), `long` being the longest of its last
+        `length_window` answers here once `min_lengths` of them ended, the most tokens
+        its requests may ask for (max_tokens) before; None without a budget."""
         o = self.objectives.get(prio)
-        seen = self._lengths.get(prio)
-        if seen is None or len(seen) < self.min_lengths:
-            return None
         budget = None if o is None else o.done_within
-        clients = [b for _, b in seen if b is not None]
+        clients = self._budgets.get(prio)
         if clients:
             budget = min(clients) if budget is None else min(budget, min(clients))
         if budget is None:
             return None
-        lengths = sorted(n for n, _ in seen)
-        long = lengths[max(0, math.ceil(self.length_quantile * len(lengths)) - 1)]
+        seen = self._lengths.get(prio) or ()
+        if len(seen) >= self.min_lengths:
+            lengths = sorted(seen)
+            long = lengths[max(0, math.ceil(self.length_quantile * len(lengths)) - 1)]
+        elif self._asked.get(prio):
+            long = max(self._asked[prio])
+        else:
+            return None
         head = 0.0 if o is None or o.ttft is None else o.ttft
         if long < 2 or budget <= head:
             return None
@@ -156,6 +167,29 @@ class SloLimiter(SluiceLimiter):
         bounds = [b for p in self.serving(now) if (b := self.budget_bound(p)) is not None]
         return (1.0 - self.lag_margin) * min(bounds) if bounds else None
 
+    def ttft_target(self, now: float) -> tuple[float, int] | None:
+        """(backend TTFT the p95 is kept under, the class it is for): ttft_share of the
+        tightest TTFT objective among the classes being served, less the tail margin (the
+        rest of the objective is the gateway queue's); None without one."""
+        if self.ttft_share is None:
+            return None
+        best: tuple[float, int] | None = None
+        for p in self.serving(now):
+            o = self.objectives.get(p)
+            if o is not None and o.ttft is not None and (best is None or o.ttft < best[0]):
+                best = (o.ttft, p)
+        if best is None:
+            return None
+        return (1.0 - self.tail_margin) * self.ttft_share * best[0], best[1]
+
+    def ttft_p95(self, prio: int) -> float | None:
+        """The p95 TTFT of the class's first tokens here sent after the last cut, once
+        there are min_samples of them (None before)."""
+        values = sorted(t for sent, t, p in self._ttfts if p == prio and sent >= self._last_cut_at)
+        if len(values) < self.min_samples:
+            return None
+        return values[max(0, math.ceil(0.95 * len(values)) - 1)]
+
     def tpot_p95(self) -> float | None:
         """The p95 of the window's TPOT samples sent after the last cut, once there are
         min_samples of them; else of the whole window (None: empty)."""
@@ -172,15 +206,25 @@ class SloLimiter(SluiceLimiter):
     # -- the hooks SluiceLimiter calls --------------------------------------------------
 
     def on_sample(self, sample: Sample, now: float) -> None:
-        if (
-            sample.e2e_s is not None
-            and not sample.dropped
-            and sample.priority in self._lengths
-            and sample.completion_tokens > 0
-        ):
-            self._lengths[sample.priority].append(
-                (sample.completion_tokens, sample.client_budget_s)
-            )
+        prio = sample.priority
+        if prio in self._lengths and not sample.dropped and not sample.extra.get("pending"):
+            first = sample.e2e_s is None
+            if first or sample.ttft_s is None:  # once per request: at its first token
+                if sample.client_budget_s is not None:
+                    self._budgets[prio].append(sample.client_budget_s)
+                if sample.max_tokens:
+                    self._asked[prio].append(sample.max_tokens)
+            if not first and sample.completion_tokens > 0:
+                self._lengths[prio].append(sample.completion_tokens)
+            if first and sample.ttft_s is not None and prio is not None:
+                sent = sample.sent_at if sample.sent_at is not None else now
+                self._ttfts.append((sent, sample.ttft_s, prio))
+                target = self.ttft_target(now)
+                if target is not None and target[1] == prio:
+                    p95 = self.ttft_p95(prio)
+                    if p95 is not None and p95 > target[0]:
+                        self._cut(now, sample.sent_at, "ttft-objective")
+                        return
         super().on_sample(sample, now)
 
     def _tpot_too_slow(self, sample: Sample, now: float) -> bool:
@@ -195,6 +239,11 @@ class SloLimiter(SluiceLimiter):
         return p95 is not None and p95 > self.tpot_target(now)
 
     def _tpot_allows_growth(self, now: float) -> bool:
+        target = self.ttft_target(now)
+        if target is not None:
+            p95 = self.ttft_p95(target[1])
+            if p95 is not None and p95 > self.slo_grow_below * target[0]:
+                return False
         mean = self.mean_target(now)
         ewma = self._tpot.value
         if mean is not None and ewma is not None and ewma > self.slo_grow_below * mean:
@@ -218,6 +267,7 @@ class SloLimiter(SluiceLimiter):
                 "tpot_p95_s": self.tpot_p95(),
                 "tpot_objective_s": self.tpot_objective(now),
                 "mean_target_s": self.mean_target(now),
+                "ttft_target_s": (t := self.ttft_target(now)) and t[0],
                 "budget_bounds_s": {f"P{p}": self.budget_bound(p) for p in range(3)},
                 "serving": self.serving(now),
             }
