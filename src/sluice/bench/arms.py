@@ -44,14 +44,19 @@ def _tenants(scenario: Scenario) -> list[dict[str, Any]]:
     ]
 
 
-def sluice_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
+def sluice_policy(
+    scenario: Scenario, max_limit: int, *, reserved_p0: float | None = None, **limiter: Any
+) -> Policy:
+    """The `sluice` arm's policy: the defaults; `reserved_p0` replaces the dispatcher's
+    P0 reservation (experiments: bench/limiter_ablation.py)."""
     initial = min(8, max_limit)
-    return Policy.model_validate(
-        {
-            "tenants": _tenants(scenario),
-            "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
-        }
-    )
+    doc: dict[str, Any] = {
+        "tenants": _tenants(scenario),
+        "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
+    }
+    if reserved_p0 is not None:
+        doc["dispatcher"] = {"reserved": {"p0": reserved_p0}}
+    return Policy.model_validate(doc)
 
 
 def fifo_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
