@@ -16,41 +16,18 @@ from sluice.cli import main
 
 pytestmark = pytest.mark.integration
 
-# 2 minutes of the trace (from its busiest stretch), its busiest minute at 1.5x the two
-# simulators' capacity; lengths x 0.25 for the tiny profile; simulators at full speed so
-# that the slice plays in about 35 s.
-SLICE = """
-name: azure-slice
-seed: 1
-backends: {count: 2, profile: tiny, speed: 1}
-clients:
-  P0: {deadline: 30s, retry: {maxAttempts: 3, spread: 0.5}}
-  P1: {deadline: 60s, retry: {maxAttempts: 4, spread: 0.5}}
-  P2: {deadline: 120s, retry: {maxAttempts: 6, spread: 0.5}}
-trace:
-  path: azure-conv-2023
-  start: 1800s
-  duration: 120s
-  peak: 1.5
-drain: 40s
-real:
-  backends: {count: 2, profile: tiny, speed: 1}
-  lengthScale: 0.25
-  durationScale: 1
-"""
-
 TOLERANCE = 0.15  # SLO attainment, absolute (the burst comparison's)
 
 
 @pytest.mark.timeout(600)
 def test_a_trace_slice_replayed_for_real_agrees_with_virtual_time(tmp_path: Path) -> None:
-    path = tmp_path / "slice.yaml"
-    path.write_text(SLICE)
+    # the built-in scenario: 2 minutes of the trace from its busiest stretch, its busiest
+    # minute at 1.5x two tiny simulators at full speed, lengths x 0.25
     out = tmp_path / "out"
     code = main(
         [
             "bench",
-            str(path),
+            "azure-slice",
             "--mode",
             "real",
             "--arms",
@@ -62,7 +39,7 @@ def test_a_trace_slice_replayed_for_real_agrees_with_virtual_time(tmp_path: Path
     )
     assert code == 0
     real = json.loads((out / "results.json").read_text())
-    virtual = run_virtual(load_scenario(str(path)).for_real_mode(), ["direct", "sluice"])
+    virtual = run_virtual(load_scenario("azure-slice").for_real_mode(), ["direct", "sluice"])
     assert real["plan"]["trace"]["requests"] == virtual["plan"]["trace"]["requests"] > 100
     assert real["plan"]["trace"]["time_scale"] == virtual["plan"]["trace"]["time_scale"]
     cpu = real["cpu"]

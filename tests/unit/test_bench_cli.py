@@ -132,4 +132,5 @@ def test_bench_sweep_finds_the_sweet_spot_in_closed_loop(
     assert (v["sweet_spot"], v["preemptions_from"]) == (12, 13)
     assert doc["calibrated_sweet_spot"] == 12
     assert "virtual: sweet spot 12" in capsys.readouterr().out
+    assert (out / "sweep.png").stat().st_size > 0
     assert main(["bench", "flood", "--sweep", "--sweep-levels", "x", "--out", str(out)]) == 2

@@ -58,15 +58,21 @@ def _queues(scenario: Scenario) -> list[dict[str, Any]]:
     return out
 
 
-def sluice_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
+def sluice_policy(
+    scenario: Scenario, max_limit: int, *, reserved_p0: float | None = None, **limiter: Any
+) -> Policy:
+    """The `sluice` arm's policy: the defaults, with the scenario's objectives;
+    `reserved_p0` replaces the dispatcher's P0 reservation (experiments:
+    bench/limiter_ablation.py)."""
     initial = min(8, max_limit)
-    return Policy.model_validate(
-        {
-            "queues": _queues(scenario),
-            "tenants": _tenants(scenario),
-            "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
-        }
-    )
+    doc: dict[str, Any] = {
+        "queues": _queues(scenario),
+        "tenants": _tenants(scenario),
+        "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
+    }
+    if reserved_p0 is not None:
+        doc["dispatcher"] = {"reserved": {"p0": reserved_p0}}
+    return Policy.model_validate(doc)
 
 
 def fifo_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:

@@ -355,6 +355,10 @@ def _run_sweep(scenario: Any, args: argparse.Namespace, console: Any, err: Any, 
                 err.print(f"[red]sluice bench: {exc}[/red]")
                 return 1
     (out / "results.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    if not args.no_plots:
+        from sluice.bench.report import write_sweep_plot
+
+        write_sweep_plot(doc, out)
     table = Table(title=f"closed-loop sweep, {scenario.name} (one backend)")
     table.add_column("in flight", justify="right")
     modes = [m for m in ("virtual", "real") if m in doc]

@@ -26,7 +26,7 @@ import random
 from sluice.bench.capacity import Capacity, calibrate_pairs
 from sluice.bench.scenario import CLASSES, ClientBehaviour, Scenario, TenantSpec
 from sluice.bench.trace import Trace
-from sluice.bench.workload import ClientRequest, unit_hash
+from sluice.bench.workload import ClientRequest, pick_by_weight, unit_hash
 from sluice.sim.profiles import Profile
 
 _CLASS_SALT = 0x5C1A55
@@ -57,20 +57,6 @@ def _lengths(trace: Trace, scale: float, max_model_len: int) -> tuple[list[tuple
     return pairs, clamped
 
 
-def _pick(weights: dict[str, float], u: float) -> str:
-    total = sum(weights.values())
-    x = u * total
-    last = ""
-    for k, w in weights.items():
-        if w <= 0:
-            continue
-        last = k
-        x -= w
-        if x < 0:
-            return k
-    return last
-
-
 def plan_trace(scenario: Scenario, profile: Profile, *, seed: int) -> TracePlan:
     ts = scenario.spec.trace
     trace = scenario.trace
@@ -99,12 +85,14 @@ def plan_trace(scenario: Scenario, profile: Profile, *, seed: int) -> TracePlan:
         if ts.class_column is not None:
             cls = ts.class_values[r.column]  # type: ignore[index]
         else:
-            cls = _pick(shares, unit_hash(_CLASS_SALT, r.line))
+            cls = pick_by_weight(shares, unit_hash(_CLASS_SALT, r.line))
         priority = CLASSES.index(cls)
         choices = tenants[priority]
         tenant = choices[0]
         if len(choices) > 1:
-            name = _pick({t.name: t.share for t in choices}, unit_hash(_TENANT_SALT, r.line))
+            name = pick_by_weight(
+                {t.name: t.share for t in choices}, unit_hash(_TENANT_SALT, r.line)
+            )
             tenant = next(t for t in choices if t.name == name)
         behaviour: ClientBehaviour = phase.clients[cls]
         cancel_after = None

@@ -315,6 +315,67 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
     return files
 
 
+def write_sweep_plot(doc: dict[str, Any], out: Path) -> str:
+    """`sweep.png` of a `--sweep` document: output tokens/s and the clients' TPOT p95 per
+    level, each mode, preempting levels marked, the sweet spot each mode found."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.4), sharex=True)
+    fig.suptitle(f"Closed-loop sweep, {doc['scenario']} (one backend)")
+    for mode, style in (("virtual", "-"), ("real", "--")):
+        d = doc.get(mode)
+        if not d:
+            continue
+        rows = d["levels"]
+        xs = [r["concurrency"] for r in rows]
+        colour = "tab:blue" if mode == "virtual" else "tab:orange"
+        top.plot(
+            xs,
+            [r["tokens_per_s"] for r in rows],
+            ls=style,
+            marker="o",
+            ms=3,
+            color=colour,
+            label=f"{mode} tokens/s",
+        )
+        hot = [r for r in rows if r["preemptions"] > 0]
+        if hot:
+            top.scatter(
+                [r["concurrency"] for r in hot],
+                [r["tokens_per_s"] for r in hot],
+                marker="x",
+                s=40,
+                color="tab:red",
+                zorder=3,
+            )
+        tpot = [(r["concurrency"], 1000 * r["tpot_p95_s"]) for r in rows if r["tpot_p95_s"]]
+        if tpot:
+            bottom.plot(
+                *zip(*tpot, strict=True),
+                ls=style,
+                marker="o",
+                ms=3,
+                color=colour,
+                label=f"{mode} TPOT p95",
+            )
+        if d.get("sweet_spot") is not None:
+            for ax in (top, bottom):
+                ax.axvline(d["sweet_spot"], color=colour, lw=0.8, ls=":")
+    top.scatter([], [], marker="x", color="tab:red", label="preemptions")
+    top.set_ylabel("output tokens/s")
+    top.legend(loc="lower right", fontsize=8)
+    bottom.set_ylabel("TPOT p95 (ms)")
+    bottom.set_xlabel("requests in flight (dotted: each mode's sweet spot)")
+    bottom.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=90)
+    plt.close(fig)
+    return "sweep.png"
+
+
 def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
     lines = [f"# sluice bench: {results['scenario']} ({results['mode']})", ""]
     if results.get("description"):

@@ -92,8 +92,13 @@ class _SmoothRoundRobin:
 
 
 def _weighted_choice(weights: dict[str, float], rng: random.Random) -> str:
+    return pick_by_weight(weights, rng.random())
+
+
+def pick_by_weight(weights: dict[str, float], u: float) -> str:
+    """The key whose share of the weights' total holds `u` in [0, 1), in their order."""
     total = sum(weights.values())
-    x = rng.random() * total
+    x = u * total
     last = ""
     for k, w in weights.items():
         if w <= 0:
