@@ -1,0 +1,108 @@
+"""The arms every benchmark compares (DESIGN.md section 5), as gateway policies.
+
+* `direct`: no gateway; round robin straight to the backends.
+* `static`: the fixed limiter at the first phase's sweet spot (what an operator who
+  measured the first phase would configure); one FIFO class (every request priority 0,
+  one tenant, tail drop, a queue as large as the three default queues together with the
+  longest default timeout); no reservation.
+* `fifo`: the same single FIFO class, with the adaptive `sluice` limiter.
+* `sluice`: everything on, the policy's defaults (classes, reservation, drop policies).
+* `oracle`: Sluice's classes and dispatcher with a fixed cap per phase, the best one a
+  sweep over caps found for that phase (`bench.runner.oracle_sweep`).
+
+Adaptive arms get `limiter.maxLimit` = the engine's `max_num_seqs`: the policy's default of
+256 would hold an H100 below its sweet spot, and a limit above max_num_seqs means nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.bench.harness import ArmSpec
+from sluice.bench.scenario import Scenario
+from sluice.config import DEFAULT_QUEUES, Policy
+
+ARMS = ("direct", "static", "fifo", "sluice", "oracle")
+VIRTUAL_ONLY = frozenset({"oracle"})
+
+FIFO_QUEUE_SIZE = sum(q.max_queue_size for q in DEFAULT_QUEUES)
+FIFO_TIMEOUT_S = max(q.timeout for q in DEFAULT_QUEUES)
+
+
+def _tenants(scenario: Scenario) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": t.name,
+            "apiKeys": [f"sk-bench-{t.name}"],
+            "priority": t.priority,
+            "weight": t.weight,
+        }
+        for t in scenario.spec.tenants
+    ]
+
+
+def sluice_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
+    initial = min(8, max_limit)
+    return Policy.model_validate(
+        {
+            "tenants": _tenants(scenario),
+            "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
+        }
+    )
+
+
+def fifo_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
+    queues = [q.model_dump(by_alias=True) for q in DEFAULT_QUEUES]
+    queues[0] = {
+        "priority": 0,
+        "name": "fifo",
+        "maxQueueSize": FIFO_QUEUE_SIZE,
+        "timeout": FIFO_TIMEOUT_S,
+        "dropPolicy": "tail",
+    }
+    initial = min(8, max_limit)
+    return Policy.model_validate(
+        {
+            "queues": queues,
+            "tenants": [{"name": "all", "priority": 0, "apiKeys": ["sk-bench-all"]}],
+            "dispatcher": {"reserved": {"p0": 0.0}},
+            "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
+        }
+    )
+
+
+def fixed(cap: int, max_limit: int) -> dict[str, Any]:
+    return {"algorithm": "fixed", "fixedLimit": cap, "maxLimit": max(max_limit, cap)}
+
+
+def arm_spec(
+    name: str,
+    scenario: Scenario,
+    *,
+    max_limit: int,
+    static_cap: int,
+    oracle_caps: list[int] | None = None,
+) -> ArmSpec:
+    if name == "direct":
+        return ArmSpec("direct")
+    if name == "static":
+        return ArmSpec(
+            "static", fifo_policy(scenario, max_limit, **fixed(static_cap, max_limit)), True
+        )
+    if name == "fifo":
+        return ArmSpec("fifo", fifo_policy(scenario, max_limit), True)
+    if name == "sluice":
+        return ArmSpec("sluice", sluice_policy(scenario, max_limit))
+    if name == "oracle":
+        if oracle_caps is None:
+            raise ValueError("the oracle arm needs its caps (run the sweep first)")
+        policies = tuple(
+            sluice_policy(scenario, max_limit, **fixed(c, max_limit)) for c in oracle_caps
+        )
+        return ArmSpec("oracle", policies[0], phase_policies=policies)
+    raise ValueError(f"unknown arm {name!r}; arms: {', '.join(ARMS)}")
+
+
+def fixed_cap_arm(scenario: Scenario, cap: int, max_limit: int) -> ArmSpec:
+    """Sluice's classes and dispatcher with one fixed cap (a point of the oracle sweep)."""
+    return ArmSpec(f"cap-{cap}", sluice_policy(scenario, max_limit, **fixed(cap, max_limit)))

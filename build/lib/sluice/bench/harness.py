@@ -1,0 +1,895 @@
+"""The discrete-event harness: the real core (Controller) against simulated engines and an
+open-loop workload, in virtual time. Minutes of overload run in seconds, deterministically.
+
+One `run_arm` call runs one arm (`ArmSpec`) of a scenario on fresh engines. Events, in a
+heap ordered by (time, sequence): client attempts arriving, engine steps ending, the
+controller's timer (`next_wakeup` -> `expire`), scrapes every `scrape_interval` s turning
+each engine's state into `BackendMetrics`, health probes, client deadlines, retries,
+phase changes (the oracle's per-phase cap) and backend failures. Before each controller
+call the FakeClock is set to the event's time. Nothing here is stochastic: the workload
+carries every random draw (lengths, cancels) and retry jitter is a hash of the request.
+
+The engines follow their own timeline: when an engine is idle and gets a request, a step
+starts at once; when a step ends, its tokens are delivered at its end and the next step
+starts then if there is work. Metrics a scrape reads are those of the last completed step
+(vLLM publishes its scheduler stats after each step).
+
+The `direct` arm has no controller: each attempt goes round robin to the engines, which
+queue everything themselves (what clients talking straight to vLLM get).
+
+Gateway replicas (`ArmSpec.replicas` > 1): that many Controllers, each with its own
+limiters and queues, in front of the same engines, as several `sluice serve` behind a
+load balancer. Each client attempt goes to the next replica, round robin. Each replica
+scrapes every engine every `SCRAPE_INTERVAL_S`, replica k offset by k/replicas of the
+interval (replicas do not scrape in step), and probes health on its own. The series'
+`limit` of a backend is the sum of the replicas' limits, `pressure` their mean; the TTFT
+and TPOT p95 of a scrape go to replica 0 only (no limiter reads them).
+
+With an `engine` (sluice.bench.engine_view), each backend presents that engine's surface:
+scrapes read its metrics pages through the gateway's adapter for that engine, and the
+engine's refusals (TGI's 429) are answered to the gateway as overloads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.bench.engine_view import EngineView
+from sluice.bench.scenario import CLASSES, Scenario
+from sluice.bench.workload import ClientRequest, retry_delay
+from sluice.config import Policy
+from sluice.core.clock import FakeClock
+from sluice.core.controller import Controller
+from sluice.core.types import BackendMetrics, Outcome, RequestInfo
+from sluice.sim.engine import Engine, EngineRequest, EngineSnapshot, StepResult
+from sluice.sim.profiles import Profile
+
+MODEL = "sim"
+SCRAPE_INTERVAL_S = 0.25
+HEALTH_INTERVAL_S = 1.0
+UNHEALTHY_AFTER = 2  # failed probes in a row (the gateway's BackendPool does the same)
+# A queueing episode whose limit is not cut within this long counts as "no cut".
+REACTION_WINDOW_S = 5.0
+# A backend that has not queued for this long starts a new episode when it queues again.
+EPISODE_GAP_S = 1.0
+# While an episode is open, limits are read at most this often (the measure's resolution).
+CUT_CHECK_EVERY_S = 0.005
+
+# event kinds
+_ARRIVE = 0
+_STEP_END = 1
+_WAKEUP = 2
+_SCRAPE = 3
+_GIVE_UP = 4
+_BACKEND_EVENT = 5
+_HEALTH = 6
+_PHASE = 7
+
+# request outcomes
+OK = "ok"  # finished
+CANCELLED = "cancelled"  # the client read its N tokens and left, as it meant to
+TIMEOUT = "timeout"  # the client's deadline passed (it gave up)
+REJECTED = "rejected"  # refused (429), no attempt left
+FAILED = "failed"  # backend failure, no attempt left
+UNFINISHED = "unfinished"  # still going when the run stopped
+
+_QUEUED = 1
+_INFLIGHT = 2
+_WAITING_RETRY = 3
+_DONE = 4
+WAITING_RETRY = _WAITING_RETRY  # for the real-mode client, which shares ReqState
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """How one arm runs. `policy` None = the `direct` arm (no gateway). `single_class`:
+    every request goes to priority 0 as one tenant (the FIFO baselines). `phase_policies`:
+    a policy per phase, applied at the phase's start (the oracle)."""
+
+    name: str
+    policy: Policy | None = None
+    single_class: bool = False
+    phase_policies: tuple[Policy, ...] | None = None
+    # Controller keyword arguments (tests and experiments).
+    controller_kwargs: dict[str, Any] = field(default_factory=dict)
+    # gateway replicas sharing the engines, each its own Controller (module docstring)
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("replicas must be at least 1")
+
+    @property
+    def is_direct(self) -> bool:
+        return self.policy is None
+
+
+class ReqState:
+    """The harness's view of one logical request and its current attempt."""
+
+    __slots__ = (
+        "admitted_after_ra",
+        "aid",
+        "attempt",
+        "backend",
+        "end_at",
+        "first_token_at",
+        "gw",
+        "last_token_at",
+        "outcome",
+        "queued_at",
+        "ra_attempts",
+        "ra_retry",
+        "rejections",
+        "retried_at",
+        "sent_at",
+        "spec",
+        "state",
+        "tokens",
+        "wasted",
+    )
+
+    def __init__(self, spec: ClientRequest) -> None:
+        self.spec = spec
+        self.attempt = 0
+        self.aid = spec.request_id
+        self.state = 0
+        self.backend = -1
+        self.gw = 0  # the gateway replica of the current attempt
+        self.queued_at = 0.0
+        self.sent_at = 0.0
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.tokens = 0
+        self.end_at: float | None = None
+        self.outcome = UNFINISHED
+        self.rejections: list[str] = []
+        self.ra_retry = False  # the current attempt came back at a Retry-After
+        self.ra_attempts = 0  # attempts that came back at a Retry-After
+        self.admitted_after_ra = 0  # ... and were then sent to a backend
+        # per retry: (when it comes back, why the attempt before failed, Retry-After given)
+        self.retried_at: list[tuple[float, str, float | None]] | None = None
+        self.wasted = 0
+
+
+@dataclass
+class Episode:
+    backend: int
+    start: float
+    limit_before: float | None
+    cut_at: float | None = None
+
+
+@dataclass
+class ArmRun:
+    """Everything one arm's run produced; `bench.metrics` turns it into results."""
+
+    arm: str
+    scenario: str
+    requests: list[ReqState]
+    backend_names: list[str]
+    duration: float  # of the arrivals
+    ended_at: float  # virtual time when the run stopped
+    preemption_times: list[float]
+    preempted_tokens: int  # KV tokens lost to preemption (recomputed later)
+    wasted_after_gone: int  # tokens generated for attempts whose client had gone
+    retry_after_retries: int
+    retry_after_admitted: int
+    rejections: dict[str, dict[str, int]]  # class -> code -> attempts refused
+    first_rejection_at: dict[str, float | None]
+    episodes: list[Episode]
+    series: dict[str, Any]
+    wall_s: float = 0.0
+    events: int = 0
+    controller_snapshot: dict[str, Any] | None = None
+
+
+def plan_retry(
+    r: ReqState, outcome: str, retry_after: float | None, seed: int, now: float
+) -> float | None:
+    """A failed attempt: if the client tries again, record the retry on `r` (attempt
+    number, when it comes back, whether it follows a Retry-After) and return its delay;
+    None when the client gives up. Shared by virtual time and real mode."""
+    spec = r.spec
+    retry = spec.retry
+    if r.attempt + 1 >= retry.max_attempts or (outcome == TIMEOUT and not retry.on_timeout):
+        return None
+    delay = retry_delay(spec, r.attempt, retry_after, seed)
+    r.ra_retry = (
+        outcome == REJECTED
+        and retry.follow_retry_after
+        and retry_after is not None
+        and retry_after > 0
+    )
+    if r.ra_retry:
+        r.ra_attempts += 1
+    if r.retried_at is None:
+        r.retried_at = []
+    r.retried_at.append((now + delay, outcome, retry_after))
+    r.attempt += 1
+    return delay
+
+
+class _Series:
+    """Time series sampled at scrape ticks (downsampled for long runs)."""
+
+    def __init__(self, n_backends: int) -> None:
+        self.t: list[float] = []
+        self.limit: list[list[float]] = [[] for _ in range(n_backends)]
+        self.inflight: list[list[int]] = [[] for _ in range(n_backends)]
+        self.kv: list[list[float]] = [[] for _ in range(n_backends)]
+        self.waiting: list[list[int]] = [[] for _ in range(n_backends)]
+        self.queued: dict[str, list[int]] = {c: [] for c in CLASSES}
+        self.rejected: dict[str, list[int]] = {}
+        self.pressure: list[float] = []
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "t": self.t,
+            "limit": self.limit,
+            "inflight": self.inflight,
+            "kv_usage": self.kv,
+            "waiting": self.waiting,
+            "queued": self.queued,
+            "rejected_cumulative": self.rejected,
+            "pressure": self.pressure,
+        }
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values.sort()
+    return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+
+
+def _weighted_p95(pairs: list[tuple[float, int]]) -> float | None:
+    total = sum(n for _, n in pairs)
+    if total <= 0:
+        return None
+    pairs.sort()
+    rank = 0.95 * total
+    acc = 0
+    for v, n in pairs:
+        acc += n
+        if acc >= rank:
+            return v
+    return pairs[-1][0]
+
+
+class _Run:
+    def __init__(
+        self,
+        scenario: Scenario,
+        workload: list[ClientRequest],
+        arm: ArmSpec,
+        profile: Profile,
+        *,
+        seed: int,
+        series_interval: float,
+        progress: Callable[[float], None] | None,
+        engine: str | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.arm = arm
+        self.profile = profile
+        self.seed = seed
+        self.progress = progress
+        n = scenario.spec.backends.count
+        self.n = n
+        self.names = [f"b{i}" for i in range(n)]
+        self.name_index = {name: i for i, name in enumerate(self.names)}
+        self.engines = [Engine(profile, seed=seed + i) for i in range(n)]
+        self.engine_kind = engine
+        self.views = [EngineView(engine, e) for e in self.engines] if engine else None
+        self.step_snaps: list[EngineSnapshot | None] = [None] * n  # of the step under way
+        self.engine_gen = [0] * n  # bumped when a backend dies: its step events go stale
+        self.busy = [False] * n
+        self.dead = [False] * n
+        self.probe_failures = [0] * n
+        self.inflight_on: list[dict[str, ReqState]] = [{} for _ in range(n)]
+        self.preempt_total = [0] * n
+        # state of each engine as of its last completed step: running, waiting, kv usage
+        self.published: list[tuple[int, int, float]] = [(0, 0, 0.0)] * n
+        self.ttft_window: list[list[float]] = [[] for _ in range(n)]
+        self.itl_window: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.was_waiting = [False] * n
+        self.last_waiting_at = [-math.inf] * n
+        self.open_episode: list[Episode | None] = [None] * n
+        self.open_episodes = 0
+        self.next_cut_check = 0.0
+        self.episodes: list[Episode] = []
+        self.rr = 0
+
+        self.reqs = [ReqState(spec) for spec in workload]
+        self.by_aid: dict[str, ReqState] = {}
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.outstanding = len(self.reqs)
+        self.duration = scenario.duration
+        self.t_end = self.duration + scenario.spec.drain
+
+        self.preemption_times: list[float] = []
+        self.preempted_tokens = 0
+        self.wasted_after_gone = 0
+        self.ra_retries = 0
+        self.ra_admitted = 0
+        self.rejections: dict[str, dict[str, int]] = {c: {} for c in CLASSES}
+        self.rejected_total: dict[str, int] = {}
+        self.first_rejection_at: dict[str, float | None] = dict.fromkeys(CLASSES)
+        self.queued_by_class = [0, 0, 0]
+        self.series = _Series(n)
+        self.series_interval = max(SCRAPE_INTERVAL_S, series_interval)
+        self.next_series_at = 0.0
+        self.events = 0
+        self.now = 0.0
+
+        self.clock = FakeClock()
+        self.ctrls: list[Controller] = []  # one per gateway replica; none for `direct`
+        if not arm.is_direct:
+            policy = arm.phase_policies[0] if arm.phase_policies else arm.policy
+            assert policy is not None
+            for k in range(arm.replicas):
+                kwargs = dict(arm.controller_kwargs)
+                if k:
+                    kwargs.setdefault("seed", f"replica-{k}")
+                ctrl = Controller(policy, self.clock, self.names, **kwargs)
+                for name in self.names:
+                    ctrl.set_backend_models(name, [MODEL])
+                    ctrl.set_backend_health(name, True)
+                self.ctrls.append(ctrl)
+        self.ctrl: Controller | None = self.ctrls[0] if self.ctrls else None
+        self.replicas = len(self.ctrls)
+        self.next_gw = 0  # round robin over the replicas
+        self.wakeup_at: list[float | None] = [None] * self.replicas
+        # per replica, per backend: healthy as that replica's controller was told
+        self.healthy = [[True] * n for _ in range(self.replicas)]
+        self.limits = self._read_limits()
+        # A fixed limit is never cut: no reaction to measure (and reading limits costs).
+        self.measure_reaction = self.ctrl is not None and not all(
+            p.limiter.algorithm == "fixed"
+            for p in (arm.phase_policies or (arm.policy,))
+            if p is not None
+        )
+
+    # -- the event heap ---------------------------------------------------------------
+
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+
+    def _read_limits(self) -> list[float]:
+        """Per backend, the sum of the replicas' limits."""
+        if not self.ctrls:
+            return [math.inf] * self.n
+        out = [0.0] * self.n
+        for ctrl in self.ctrls:
+            b = ctrl.snapshot()["backends"]
+            for i, name in enumerate(self.names):
+                out[i] += float(b[name]["limit"])
+        return out
+
+    # -- main loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        for r in self.reqs:
+            self.push(r.spec.arrival, _ARRIVE, r)
+        # A gateway scrapes its backends as it starts (before traffic), then every
+        # interval; replica k is k/replicas of an interval behind replica 0.
+        for k in range(max(1, self.replicas)):
+            self.push(SCRAPE_INTERVAL_S * k / max(1, self.replicas), _SCRAPE, k)
+        for i, e in enumerate(self.scenario.spec.events):
+            self.push(e.at, _BACKEND_EVENT, i)
+        if self.scenario.spec.events and self.ctrl is not None:
+            self.push(HEALTH_INTERVAL_S, _HEALTH, None)
+        if self.arm.phase_policies:
+            for p in self.scenario.phases[1:]:
+                self.push(p.start, _PHASE, p.index)
+        heap = self.heap
+        pop = heapq.heappop
+        progress_every = 2000
+        while heap:
+            t, _, kind, payload = pop(heap)
+            if t > self.t_end:
+                break
+            self.events += 1
+            if self.progress is not None and self.events % progress_every == 0:
+                self.progress(t)
+            if self.ctrl is not None and t > self.clock.now():
+                self.clock.set(t)
+            if kind == _STEP_END:
+                self._step_end(t, payload)
+            elif kind == _ARRIVE:
+                self._arrive(t, payload)
+            elif kind == _WAKEUP:
+                at = self.wakeup_at[payload]
+                if at is not None and t >= at:
+                    self.wakeup_at[payload] = None
+                self._pump(t, payload)
+            elif kind == _SCRAPE:
+                self._scrape(t, payload)
+            elif kind == _GIVE_UP:
+                self._give_up(t, payload)
+            elif kind == _HEALTH:
+                self._health(t)
+            elif kind == _BACKEND_EVENT:
+                self._backend_event(t, payload)
+            elif kind == _PHASE:
+                assert self.ctrls and self.arm.phase_policies is not None
+                for ctrl in self.ctrls:
+                    ctrl.apply_policy(self.arm.phase_policies[payload])
+                self._pump(t)
+            self.now = t
+            if self.outstanding == 0 and t >= self.duration:
+                break
+        self.ended_at = min(self.t_end, max(self.duration, self.now))
+        for r in self.reqs:
+            if r.state == _WAITING_RETRY and r.retried_at:
+                # its client was told to come back after the end: the last answer stands
+                r.outcome = r.retried_at[-1][1]
+        for ep in self.open_episode:
+            if ep is not None:
+                self.episodes.append(ep)
+
+    # -- clients ------------------------------------------------------------------------
+
+    def _arrive(self, t: float, r: ReqState) -> None:
+        spec = r.spec
+        if not self.ctrls:
+            b = self.rr % self.n
+            self.rr += 1
+            r.queued_at = t
+            self._send(t, r, b)
+            return
+        single = self.arm.single_class
+        info = RequestInfo(
+            request_id=r.aid,
+            tenant="all" if single else spec.tenant,
+            priority=0 if single else spec.priority,
+            model=MODEL,
+            prompt_tokens=spec.prompt_tokens,
+            max_tokens=spec.max_tokens,
+            weight=1.0 if single else spec.weight,
+            client_deadline=None if spec.deadline is None else t + spec.deadline,
+            retry_attempt=r.attempt,
+        )
+        gw = self.next_gw
+        self.next_gw = (gw + 1) % self.replicas
+        r.gw = gw
+        adm = self.ctrls[gw].arrive(info)
+        if not adm.queued:
+            assert adm.code is not None
+            self._rejected(t, r, adm.code.value, adm.retry_after_s)
+        else:
+            r.state = _QUEUED
+            r.queued_at = t
+            self.by_aid[r.aid] = r
+            self.queued_by_class[spec.priority] += 1
+            if spec.deadline is not None:
+                self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
+        self._pump(t, gw)
+
+    def _rejected(self, t: float, r: ReqState, code: str, retry_after: float | None) -> None:
+        cls = r.spec.class_name
+        counts = self.rejections[cls]
+        counts[code] = counts.get(code, 0) + 1
+        self.rejected_total[code] = self.rejected_total.get(code, 0) + 1
+        if self.first_rejection_at[cls] is None:
+            self.first_rejection_at[cls] = t
+        r.rejections.append(code)
+        self._retry_or_end(t, r, REJECTED, retry_after)
+
+    def _retry_or_end(self, t: float, r: ReqState, outcome: str, retry_after: float | None) -> None:
+        """The attempt failed: come back later if the client retries, else finish."""
+        spec = r.spec
+        delay = plan_retry(r, outcome, retry_after, self.seed, t)
+        if delay is not None:
+            r.aid = f"{spec.request_id}.{r.attempt}"
+            r.state = _WAITING_RETRY
+            r.first_token_at = None
+            r.last_token_at = None
+            r.tokens = 0
+            self.push(t + delay, _ARRIVE, r)
+            return
+        self._finish(t, r, outcome)
+
+    def _finish(self, t: float, r: ReqState, outcome: str) -> None:
+        r.state = _DONE
+        r.outcome = outcome
+        r.end_at = t
+        self.outstanding -= 1
+
+    def _give_up(self, t: float, payload: tuple[ReqState, int]) -> None:
+        r, attempt = payload
+        if r.attempt != attempt or r.state not in (_QUEUED, _INFLIGHT):
+            return
+        ctrl = self.ctrls[r.gw] if self.ctrls else None
+        if r.state == _QUEUED:
+            self.queued_by_class[r.spec.priority] -= 1
+            self.by_aid.pop(r.aid, None)
+            if ctrl is not None:
+                ctrl.cancel(r.aid)
+        else:
+            self._leave_backend(t, r, Outcome.CANCELLED)
+            r.wasted += r.tokens  # a truncated answer is of no use to its client
+        self._retry_or_end(t, r, TIMEOUT, None)
+        if ctrl is not None:
+            self._pump(t, r.gw)
+
+    def _leave_backend(self, t: float, r: ReqState, outcome: Outcome) -> None:
+        """The client goes away from an in-flight attempt: abort it on the engine."""
+        b = r.backend
+        self.by_aid.pop(r.aid, None)
+        self.inflight_on[b].pop(r.aid, None)
+        if not self.dead[b]:
+            self.engines[b].abort(r.aid, t)
+        if self.ctrls:
+            self.ctrls[r.gw].on_finish(r.aid, outcome, r.spec.prompt_tokens, r.tokens)
+
+    # -- the gateway ----------------------------------------------------------------------
+
+    def _pump(self, t: float, gw: int | None = None, *, check_cuts: bool = False) -> None:
+        """Let replica `gw` (None: every replica) act on what changed."""
+        if not self.ctrls:
+            return
+        for k in range(self.replicas) if gw is None else (gw,):
+            self._pump_one(t, k)
+        if self.open_episodes and (check_cuts or t >= self.next_cut_check):
+            self.next_cut_check = t + CUT_CHECK_EVERY_S
+            self._check_cuts(t)
+
+    def _pump_one(self, t: float, gw: int) -> None:
+        ctrl = self.ctrls[gw]
+        for rej in ctrl.expire():
+            r = self.by_aid.pop(rej.request_id, None)
+            if r is None or r.state != _QUEUED:
+                continue
+            self.queued_by_class[r.spec.priority] -= 1
+            self._rejected(t, r, rej.code.value, rej.retry_after_s)
+        for a in ctrl.dispatch():
+            r = self.by_aid.get(a.request_id)
+            if r is None or r.state != _QUEUED:
+                ctrl.cancel(a.request_id)
+                continue
+            self.queued_by_class[r.spec.priority] -= 1
+            if r.ra_retry:
+                r.admitted_after_ra += 1
+            self._send(t, r, self.name_index[a.backend])
+        nw = ctrl.next_wakeup()
+        at = self.wakeup_at[gw]
+        if nw is not None and (at is None or nw < at):
+            if nw <= t:
+                nw = t + 1e-6
+            self.wakeup_at[gw] = nw
+            self.push(nw, _WAKEUP, gw)
+
+    # -- engines --------------------------------------------------------------------------
+
+    def _send(self, t: float, r: ReqState, b: int) -> None:
+        spec = r.spec
+        r.backend = b
+        r.sent_at = t
+        if self.dead[b]:
+            # connection refused: the gateway takes the backend out at once
+            self.by_aid.pop(r.aid, None)
+            if self.ctrls:
+                ctrl = self.ctrls[r.gw]
+                ctrl.on_finish(r.aid, Outcome.ERROR)
+                if self.healthy[r.gw][b]:
+                    self.healthy[r.gw][b] = False
+                    ctrl.set_backend_health(self.names[b], False)
+            self._retry_or_end(t, r, FAILED, None)
+            return
+        if self.views is not None and self.views[b].refuses(len(self.inflight_on[b])):
+            self._engine_refused(t, r)
+            return
+        r.state = _INFLIGHT
+        self.by_aid[r.aid] = r
+        self.inflight_on[b][r.aid] = r
+        engine = self.engines[b]
+        engine.submit(
+            EngineRequest(r.aid, spec.prompt_tokens, spec.max_tokens, spec.output_tokens), t
+        )
+        if not self.ctrls and spec.deadline is not None:
+            self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
+        if not self.busy[b]:
+            self._start_step(t, b)
+
+    def _engine_refused(self, t: float, r: ReqState) -> None:
+        """The engine refused the request (its router is full): an overload for the
+        gateway's limiter, a refusal for the client."""
+        self.by_aid.pop(r.aid, None)
+        if self.ctrls:
+            self.ctrls[r.gw].on_finish(r.aid, Outcome.OVERLOADED)
+        self._rejected(t, r, "engine_overloaded", None)
+
+    def _start_step(self, t: float, b: int) -> None:
+        engine = self.engines[b]
+        result = engine.step(t)
+        waiting = engine.num_waiting
+        running = engine.num_running
+        state = (running, waiting, engine.kv_usage)
+        if self.views is not None:
+            self.step_snaps[b] = engine.snapshot()
+        # Congested: requests are left waiting for KV blocks or sequence slots, not merely
+        # for the next step's token budget (a chunked prefill queue that clears by itself).
+        if waiting > 0 and (
+            result.num_scheduled_tokens < self.profile.max_num_batched_tokens
+            or result.preempted
+            or running >= self.profile.max_num_seqs
+        ):
+            if not self.was_waiting[b]:
+                self._queueing_starts(t, b)
+            self.was_waiting[b] = True
+            self.last_waiting_at[b] = t
+        else:
+            self.was_waiting[b] = False
+        end = result.end
+        if result.duration <= 0 and engine.has_work():
+            end = t + self.profile.step_overhead_s or 1e-3  # never spin in place
+        self.busy[b] = True
+        self.push(end, _STEP_END, (b, self.engine_gen[b], result, state))
+
+    def _step_end(
+        self, t: float, payload: tuple[int, int, StepResult, tuple[int, int, float]]
+    ) -> None:
+        b, gen, result, state = payload
+        if gen != self.engine_gen[b]:
+            return  # the backend died during this step
+        self.published[b] = state
+        snap = self.step_snaps[b]
+        if self.views is not None and snap is not None:
+            self.views[b].observe(result, snap)
+        if result.preempted:
+            self._preempted(t, b, result)
+        by_aid = self.by_aid
+        ctrls = self.ctrls
+        ttfts = self.ttft_window[b]
+        gen_tokens = 0
+        for ev in result.tokens:
+            r = by_aid.get(ev.request_id)
+            if r is None or r.state != _INFLIGHT:
+                self.wasted_after_gone += 1  # its client had already gone
+                continue
+            index = ev.index
+            if index == 0:
+                r.first_token_at = t
+                ttfts.append(t - r.sent_at)
+                if ctrls:
+                    ctrls[r.gw].on_first_token(r.aid)
+            else:
+                gen_tokens += 1
+            r.last_token_at = t
+            r.tokens = index + 1
+            if ev.finish_reason is not None:
+                self._completed(t, r, OK)
+            elif r.spec.cancel_after is not None and r.tokens >= r.spec.cancel_after:
+                self._completed(t, r, CANCELLED)
+        if gen_tokens:
+            self.itl_window[b].append((result.duration, gen_tokens))
+        if self.engines[b].has_work():
+            self._start_step(t, b)
+        else:
+            self.busy[b] = False
+        if ctrls:
+            self._pump(t)
+
+    def _completed(self, t: float, r: ReqState, outcome: str) -> None:
+        b = r.backend
+        self.by_aid.pop(r.aid, None)
+        self.inflight_on[b].pop(r.aid, None)
+        if outcome == CANCELLED:
+            self.engines[b].abort(r.aid, t)
+        if self.ctrls:
+            self.ctrls[r.gw].on_finish(
+                r.aid,
+                Outcome.OK if outcome == OK else Outcome.CANCELLED,
+                r.spec.prompt_tokens,
+                r.tokens,
+            )
+        self._finish(t, r, outcome)
+
+    def _preempted(self, t: float, b: int, result: StepResult) -> None:
+        self.preempt_total[b] += len(result.preempted)
+        for aid in result.preempted:
+            self.preemption_times.append(t)
+            r = self.by_aid.get(aid)
+            # the KV it loses: its prompt and what it generated (an upper bound when the
+            # victim was still in a chunked prefill)
+            if r is not None:
+                self.preempted_tokens += r.spec.prompt_tokens + r.tokens
+            else:
+                self.preempted_tokens += 0
+
+    # -- scrapes, health, failures ------------------------------------------------------
+
+    def _scrape(self, t: float, gw: int) -> None:
+        """Replica `gw` scrapes every engine (replica 0 also samples the series)."""
+        if self.ctrls:
+            ctrl = self.ctrls[gw]
+            for b, name in enumerate(self.names):
+                if self.dead[b]:
+                    ctrl.metrics_stale(name)
+                    continue
+                running, waiting, kv = self.published[b]
+                if self.views is not None:
+                    ctrl.on_metrics(name, self.views[b].scrape(t))
+                    continue
+                m = BackendMetrics(
+                    at=t,
+                    running=float(running),
+                    waiting=float(waiting),
+                    kv_usage=kv,
+                    preemptions_total=float(self.preempt_total[b]),
+                    num_gpu_blocks=self.profile.num_gpu_blocks,
+                    block_size=self.profile.block_size,
+                    ttft_p95_s=None if gw else _p95(self.ttft_window[b]),
+                    tpot_p95_s=None if gw else _weighted_p95(self.itl_window[b]),
+                )
+                if not gw:
+                    self.ttft_window[b] = []
+                    self.itl_window[b] = []
+                ctrl.on_metrics(name, m)
+            self._pump(t, gw, check_cuts=True)
+        else:
+            for b in range(self.n):
+                self.ttft_window[b] = []
+                self.itl_window[b] = []
+        if t < self.duration or self.outstanding > 0:
+            self.push(t + SCRAPE_INTERVAL_S, _SCRAPE, gw)
+        if gw:
+            return
+        if t >= self.next_series_at:
+            self._sample(t)
+            self.next_series_at = t + self.series_interval - 1e-9
+        if self.progress is not None:
+            self.progress(t)
+
+    def _sample(self, t: float) -> None:
+        s = self.series
+        s.t.append(round(t, 3))
+        if self.ctrls:
+            snaps = [ctrl.snapshot() for ctrl in self.ctrls]
+            pressure = sum(snap["pressure"] for snap in snaps) / len(snaps)
+            s.pressure.append(round(pressure, 4))
+            for b, name in enumerate(self.names):
+                s.limit[b].append(sum(snap["backends"][name]["limit"] for snap in snaps))
+        for b in range(self.n):
+            s.inflight[b].append(len(self.inflight_on[b]))
+            _, waiting, kv = self.published[b]
+            s.kv[b].append(round(kv, 4))
+            s.waiting[b].append(waiting)
+        for p, c in enumerate(CLASSES):
+            s.queued[c].append(self.queued_by_class[p])
+        for code, n in self.rejected_total.items():
+            col = s.rejected.setdefault(code, [0] * (len(s.t) - 1))
+            col.append(n)
+        for code, col in s.rejected.items():
+            if len(col) < len(s.t):
+                col.append(self.rejected_total.get(code, 0))
+
+    def _health(self, t: float) -> None:
+        """Every replica probes every engine (at the same time)."""
+        assert self.ctrls
+        changed = False
+        for b, name in enumerate(self.names):
+            if self.dead[b]:
+                self.probe_failures[b] += 1
+            else:
+                self.probe_failures[b] = 0
+            healthy = not self.dead[b] or self.probe_failures[b] < UNHEALTHY_AFTER
+            for ctrl, seen in zip(self.ctrls, self.healthy, strict=True):
+                # a failed probe takes a backend out only after UNHEALTHY_AFTER in a row;
+                # one good probe brings it back
+                if seen[b] != healthy and (not healthy or not self.dead[b]):
+                    seen[b] = healthy
+                    ctrl.set_backend_health(name, healthy)
+                    changed = True
+        if changed:
+            self._pump(t)
+        if t < self.duration or self.outstanding > 0:
+            self.push(t + HEALTH_INTERVAL_S, _HEALTH, None)
+
+    def _backend_event(self, t: float, index: int) -> None:
+        ev = self.scenario.spec.events[index]
+        b = ev.backend
+        if ev.action == "fail" and not self.dead[b]:
+            self.dead[b] = True
+            self.engine_gen[b] += 1
+            self.busy[b] = False
+            self.published[b] = (0, 0, 0.0)
+            cut = list(self.inflight_on[b].values())
+            self.inflight_on[b].clear()
+            for r in cut:
+                self.by_aid.pop(r.aid, None)
+                r.wasted += r.tokens
+                if self.ctrls:
+                    self.ctrls[r.gw].on_finish(r.aid, Outcome.ERROR, r.spec.prompt_tokens, r.tokens)
+                self._retry_or_end(t, r, FAILED, None)
+        elif ev.action == "recover" and self.dead[b]:
+            self.dead[b] = False
+            self.engines[b] = Engine(self.profile, seed=self.seed + b + 1000 * self.engine_gen[b])
+            if self.views is not None and self.engine_kind is not None:
+                self.views[b] = EngineView(self.engine_kind, self.engines[b])
+            self.preempt_total[b] = 0
+        if self.ctrls:
+            self._pump(t)
+
+    # -- the limit's reaction to queueing -------------------------------------------------
+
+    def _queueing_starts(self, t: float, b: int) -> None:
+        if not self.measure_reaction or self.open_episode[b] is not None:
+            return
+        if t - self.last_waiting_at[b] < EPISODE_GAP_S:
+            return
+        self.open_episode[b] = Episode(backend=b, start=t, limit_before=self.limits[b])
+        self.open_episodes += 1
+        self.limits = self._read_limits()
+        self.open_episode[b].limit_before = self.limits[b]  # type: ignore[union-attr]
+
+    def _check_cuts(self, t: float) -> None:
+        limits = self._read_limits()
+        for b, ep in enumerate(self.open_episode):
+            if ep is None:
+                continue
+            if limits[b] < self.limits[b]:
+                ep.cut_at = t
+            if ep.cut_at is not None or t - ep.start > REACTION_WINDOW_S:
+                self.episodes.append(ep)
+                self.open_episode[b] = None
+                self.open_episodes -= 1
+        self.limits = limits
+
+
+def run_arm(
+    scenario: Scenario,
+    workload: list[ClientRequest],
+    arm: ArmSpec,
+    profile: Profile,
+    *,
+    seed: int = 0,
+    series_interval: float = SCRAPE_INTERVAL_S,
+    progress: Callable[[float], None] | None = None,
+    engine: str | None = None,
+) -> ArmRun:
+    """Run one arm on fresh engines; the workload is not modified. `engine`: the surface
+    every backend presents (None: the scrape hands the controller the engine's state as
+    vLLM shows it, without rendering a page)."""
+    import time
+
+    started = time.perf_counter()
+    run = _Run(
+        scenario,
+        workload,
+        arm,
+        profile,
+        seed=seed,
+        series_interval=series_interval,
+        progress=progress,
+        engine=engine,
+    )
+    run.run()
+    return ArmRun(
+        arm=arm.name,
+        scenario=scenario.name,
+        requests=run.reqs,
+        backend_names=run.names,
+        duration=scenario.duration,
+        ended_at=run.ended_at,
+        preemption_times=run.preemption_times,
+        preempted_tokens=run.preempted_tokens,
+        wasted_after_gone=run.wasted_after_gone,
+        retry_after_retries=sum(r.ra_attempts for r in run.reqs),
+        retry_after_admitted=sum(r.admitted_after_ra for r in run.reqs),
+        rejections=run.rejections,
+        first_rejection_at=run.first_rejection_at,
+        episodes=run.episodes,
+        series=run.series.as_dict(),
+        wall_s=time.perf_counter() - started,
+        events=run.events,
+        controller_snapshot=run.ctrl.snapshot() if run.ctrl is not None else None,
+    )

@@ -1,0 +1,356 @@
+"""Turn a results.json document into PNG plots and a short report.md beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CLASS_COLOURS = {"P0": "tab:red", "P1": "tab:blue", "P2": "tab:green"}
+ARM_COLOURS = {
+    "direct": "tab:gray",
+    "static": "tab:orange",
+    "fifo": "tab:purple",
+    "sluice": "tab:blue",
+    "oracle": "tab:green",
+}
+MAX_BACKENDS_PLOTTED = 4
+
+
+def _fmt(x: Any, pct: bool = False, nd: int = 2) -> str:
+    if x is None:
+        return "-"
+    if pct:
+        return f"{100 * x:.1f}%"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The headline table: one row per arm (shared by report.md and the console)."""
+    head = [
+        "arm",
+        "P0 SLO",
+        "P0 TTFT p95 s",
+        "P1 SLO",
+        "P2 SLO",
+        "goodput tok/s",
+        "preemptions",
+        "wasted tokens",
+        "refused (attempts)",
+        "retry admitted",
+        "refusal order",
+    ]
+    rows = []
+    for name, a in results["arms"].items():
+        c = a["classes"]
+        ra = a.get("retry_admission", {})
+        rows.append(
+            [
+                name,
+                _fmt(c["P0"]["slo_attainment"], pct=True),
+                _fmt(c["P0"]["ttft_p95_s"]),
+                _fmt(c["P1"]["slo_attainment"], pct=True),
+                _fmt(c["P2"]["slo_attainment"], pct=True),
+                f"{a['goodput_tokens_per_s']:.0f}",
+                str(a["backend_preemptions"]),
+                str(a["wasted_tokens"]),
+                str(sum(a.get("rejections_by_cause", {}).values())),
+                _fmt(ra.get("ratio"), pct=True),
+                a.get("refusal_order", "-"),
+            ]
+        )
+    return head, rows
+
+
+def cpu_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Real mode: per arm, the machine's busy fraction, who used the CPU (this bench's
+    simulators, gateway and load generator, and other work), and how late the load
+    generator sent its arrivals."""
+    head = [
+        "arm",
+        "busy max",
+        "busy mean",
+        "sims",
+        "gateway",
+        "load generator",
+        "other work",
+        "arrivals late p99 ms",
+        "saturated",
+    ]
+    rows = []
+    for name, a in results["arms"].items():
+        cpu = a.get("cpu")
+        if not cpu:
+            continue
+        cores = cpu.get("cores_used_mean", {})
+        late = cpu.get("arrival_late_p99_s")
+        rows.append(
+            [
+                name,
+                _fmt(cpu.get("busy_fraction_max"), pct=True),
+                _fmt(cpu.get("busy_fraction_mean"), pct=True),
+                _fmt(cores.get("sims")),
+                _fmt(cores.get("gateway")),
+                _fmt(cores.get("bench")),
+                _fmt(cores.get("other")),
+                "-" if late is None else f"{1000 * late:.0f}",
+                "yes" if cpu.get("saturated") else "no",
+            ]
+        )
+    return head, rows
+
+
+def class_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    head = [
+        "arm",
+        "class",
+        "offered",
+        "completed",
+        "rejected",
+        "timed out",
+        "TTFT p50 s",
+        "TTFT p95 s",
+        "TPOT p95 ms",
+        "SLO",
+        "goodput tok/s",
+    ]
+    rows = []
+    for name, a in results["arms"].items():
+        for cls, c in a["classes"].items():
+            tpot = c.get("tpot_p95_s")
+            rows.append(
+                [
+                    name,
+                    cls,
+                    str(c.get("offered", "-")),
+                    str(c["completed"]),
+                    str(c["rejected"]),
+                    str(c.get("timed_out", "-")),
+                    _fmt(c["ttft_p50_s"]),
+                    _fmt(c["ttft_p95_s"]),
+                    "-" if tpot is None else f"{1000 * tpot:.0f}",
+                    _fmt(c["slo_attainment"], pct=True),
+                    _fmt(c.get("goodput_tokens_per_s"), nd=0),
+                ]
+            )
+    return head, rows
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[str]:
+    """Write the PNGs; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = {k: v for k, v in results["arms"].items() if v.get("series")}
+    if not arms:
+        return []
+    files: list[str] = []
+    gateway = {
+        k: v for k, v in arms.items() if v["series"].get("limit") and v["series"]["limit"][0]
+    }
+    phases = results.get("plan", {}).get("phases", [])
+
+    def mark_phases(ax: Any) -> None:
+        for p in phases[1:]:
+            ax.axvline(p["start_s"], color="k", lw=0.6, ls=":")
+
+    def grid(n: int, title: str, height: float = 2.4) -> tuple[Any, list[Any]]:
+        fig, axes = plt.subplots(n, 1, figsize=(9, height * n + 0.6), sharex=True, squeeze=False)
+        fig.suptitle(title)
+        return fig, [row[0] for row in axes]
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        files.append(name)
+
+    # limit and in-flight per backend
+    if gateway:
+        fig, axes = grid(len(gateway), "Limit (solid) and in-flight (dotted) per backend")
+        for ax, (name, a) in zip(axes, gateway.items(), strict=True):
+            s = a["series"]
+            for b in range(min(MAX_BACKENDS_PLOTTED, len(s["limit"]))):
+                (line,) = ax.plot(s["t"], s["limit"][b], lw=1.2, label=f"{s['backends'][b]} limit")
+                ax.plot(s["t"], s["inflight"][b], lw=0.8, ls=":", color=line.get_color())
+            ax.set_ylabel(name)
+            mark_phases(ax)
+        axes[-1].set_xlabel("time (s)")
+        save(fig, "limit_inflight.png")
+
+    # TTFT per class
+    fig, axes = grid(len(arms), "TTFT per class (from the first attempt), log scale")
+    for ax, (name, a) in zip(axes, arms.items(), strict=True):
+        # P2 first so that P0, the class that matters most here, is drawn on top
+        for cls, pts in sorted(a["series"].get("ttft", {}).items(), reverse=True):
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.scatter(xs, ys, s=2, color=CLASS_COLOURS[cls], label=cls, alpha=0.5)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="tab:red", lw=0.6, ls="--")
+        ax.set_ylabel(name)
+        mark_phases(ax)
+    axes[0].legend(loc="upper left", markerscale=4, fontsize=8)
+    axes[-1].set_xlabel("time of the first token (s)")
+    save(fig, "ttft.png")
+
+    # queue depth per class
+    if gateway:
+        fig, axes = grid(len(gateway), "Gateway queue depth per class")
+        for ax, (name, a) in zip(axes, gateway.items(), strict=True):
+            s = a["series"]
+            for cls, col in s["queued"].items():
+                ax.plot(s["t"], col, color=CLASS_COLOURS[cls], lw=1, label=cls)
+            ax.set_ylabel(name)
+            mark_phases(ax)
+        axes[0].legend(loc="upper left", fontsize=8)
+        axes[-1].set_xlabel("time (s)")
+        save(fig, "queue_depth.png")
+
+    # KV usage: the fullest backend, per arm
+    fig, axes = grid(1, "KV-cache usage (fullest backend) and engine waiting queue", 3.2)
+    ax = axes[0]
+    for name, a in arms.items():
+        s = a["series"]
+        kv = [max(col[k] for col in s["kv_usage"]) for k in range(len(s["t"]))]
+        ax.plot(s["t"], kv, lw=1, color=ARM_COLOURS.get(name), label=name)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("KV usage")
+    ax.set_xlabel("time (s)")
+    ax.legend(loc="upper left", fontsize=8)
+    mark_phases(ax)
+    save(fig, "kv_usage.png")
+
+    # rejections by cause
+    with_rej = {k: v for k, v in arms.items() if v["series"].get("rejected_cumulative")}
+    if with_rej:
+        fig, axes = grid(len(with_rej), "Refusals by cause (cumulative attempts)")
+        for ax, (name, a) in zip(axes, with_rej.items(), strict=True):
+            s = a["series"]
+            for code, col in s["rejected_cumulative"].items():
+                ax.plot(s["t"][: len(col)], col, lw=1, label=code)
+            ax.set_ylabel(name)
+            ax.legend(loc="upper left", fontsize=7)
+            mark_phases(ax)
+        axes[-1].set_xlabel("time (s)")
+        save(fig, "rejections.png")
+    return files
+
+
+def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
+    lines = [f"# sluice bench: {results['scenario']} ({results['mode']})", ""]
+    if results.get("description"):
+        lines += [results["description"], ""]
+    cpu = results.get("cpu") or {}
+    if results["mode"] == "real":
+        busy = cpu.get("busy_fraction_max")
+        lines += [
+            f"CPU busy (max of 1 s samples, whole machine): {_fmt(busy, pct=True)}"
+            + (" -- SATURATED: these figures do not count." if cpu.get("saturated") else ""),
+            "",
+        ]
+    plan = results.get("plan")
+    if plan:
+        lines += [
+            f"{plan['backends']} backends ({plan['profile']}), {plan['requests']} requests, "
+            f"seed {results.get('seed')}.",
+            "",
+            _md_table(
+                [
+                    "phase",
+                    "from s",
+                    "to s",
+                    "x capacity",
+                    "offered req/s",
+                    "capacity req/s",
+                    "sweet spot / backend",
+                ],
+                [
+                    [
+                        p["name"],
+                        _fmt(p["start_s"], nd=1),
+                        _fmt(p["end_s"], nd=1),
+                        _fmt(p.get("rate_x_capacity")),
+                        _fmt(p["offered_rps"]),
+                        _fmt(p["capacity_rps"]),
+                        str(p["sweet_spot_per_backend"]),
+                    ]
+                    for p in plan["phases"]
+                ],
+            ),
+            "",
+        ]
+    head, rows = summary_rows(results)
+    lines += ["## Summary", "", _md_table(head, rows), ""]
+    head, rows = cpu_rows(results)
+    if rows:
+        lines += [
+            "## CPU during each arm's load (cores: CPU seconds per second of wall time)",
+            "",
+            _md_table(head, rows),
+            "",
+        ]
+    head, rows = class_rows(results)
+    lines += ["## Per class", "", _md_table(head, rows), ""]
+    phase_rows = []
+    for name, a in results["arms"].items():
+        for p in a.get("phases", []):
+            phase_rows.append(
+                [
+                    name,
+                    p["name"],
+                    f"{p['goodput_tokens_per_s']:.0f}",
+                    str(p["backend_preemptions"]),
+                    _fmt(p["slo_attainment"].get("P0"), pct=True),
+                    _fmt(p.get("limit_settle_s")),
+                ]
+            )
+    if phase_rows:
+        lines += [
+            "## Per phase (requests by arrival phase)",
+            "",
+            _md_table(
+                ["arm", "phase", "goodput tok/s", "preemptions", "P0 SLO", "limit settle s"],
+                phase_rows,
+            ),
+            "",
+        ]
+    reaction = [
+        [
+            name,
+            str(a["limit_reaction"]["episodes"]),
+            str(a["limit_reaction"]["cut"]),
+            _fmt(a["limit_reaction"]["p50_s"], nd=3),
+            _fmt(a["limit_reaction"]["max_s"], nd=3),
+        ]
+        for name, a in results["arms"].items()
+        if a.get("limit_reaction")
+    ]
+    if reaction and results["mode"] == "virtual":
+        lines += [
+            "## Limit reaction (engine starts queueing -> first limit cut)",
+            "",
+            _md_table(["arm", "episodes", "cut", "p50 s", "max s"], reaction),
+            "",
+        ]
+    if results.get("oracle_sweep"):
+        caps = results["arms"].get("oracle", {}).get("caps_per_phase")
+        lines += [f"Oracle caps per phase: {caps} (sweep in results.json).", ""]
+    timing = results.get("timing", {})
+    if timing:
+        lines += [f"Wall time: {timing.get('total_s')} s.", ""]
+    lines += ["Definitions: docs/bench.md.", ""]
+    for name in plots:
+        lines += [f"![{name}]({name})", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

@@ -1,0 +1,419 @@
+"""Benchmark scenarios: what the backends are, what the clients send and how they behave,
+and what counts as success. Scenarios are YAML files (package data in
+`sluice/bench/scenarios/`, or any path); `load_scenario(name_or_path)` validates one
+strictly (unknown keys are errors, each reported with its field path).
+
+Phases are piecewise-constant: a phase that leaves out `mix`, `prompt`, `output`,
+`maxTokens` or `process` inherits them from the phase before it, and its `clients`
+entries replace the previous phase's entries class by class. docs/bench.md describes
+every field."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from sluice.config import Duration
+from sluice.sim.profiles import Profile, get_profile
+
+CLASSES = ("P0", "P1", "P2")
+ClassName = Literal["P0", "P1", "P2"]
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot be used; `errors` lists 'field.path: reason' lines."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(errors))
+        self.source = source
+        self.errors = errors
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+def _bare_int_is_fixed(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"dist": "fixed", "value": value}
+    return value
+
+
+class _LengthDist(_Model):
+    """A token-count distribution. `fixed` (value), `uniform` (low..high inclusive),
+    `lognormal` (median, sigma: long-tailed, chat-like); draws are clamped to [min, max]."""
+
+    dist: Literal["fixed", "uniform", "lognormal"] = "fixed"
+    value: int | None = Field(default=None, ge=1)
+    low: int | None = Field(default=None, ge=1)
+    high: int | None = Field(default=None, ge=1)
+    median: float | None = Field(default=None, gt=0)
+    sigma: float = Field(default=0.8, ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete(self) -> _LengthDist:
+        if self.dist == "fixed" and self.value is None:
+            raise ValueError("a fixed distribution needs `value`")
+        if self.dist == "uniform" and (
+            self.low is None or self.high is None or self.low > self.high
+        ):
+            raise ValueError("a uniform distribution needs `low` <= `high`")
+        if self.dist == "lognormal" and self.median is None:
+            raise ValueError("a lognormal distribution needs `median`")
+        if self.max is not None and self.max < self.min:
+            raise ValueError("`max` must be at least `min`")
+        return self
+
+    @property
+    def mean_estimate(self) -> float:
+        """The mean before clamping (for documentation and sanity checks only)."""
+        if self.dist == "fixed":
+            return float(self.value or 1)
+        if self.dist == "uniform":
+            return ((self.low or 1) + (self.high or 1)) / 2
+        return (self.median or 1.0) * math.exp(self.sigma**2 / 2)
+
+
+LengthDist = Annotated[_LengthDist, BeforeValidator(_bare_int_is_fixed)]
+
+
+class Cancel(_Model):
+    """Clients that read `afterTokens` tokens and then go away (share `probability`)."""
+
+    probability: float = Field(ge=0, le=1)
+    after_tokens: int = Field(ge=1)
+
+
+class Retry(_Model):
+    """What a refused client does. It retries 429s (and a failed backend connection; its own
+    timeouts too with `onTimeout`) up to `maxAttempts` attempts in all.
+    `followRetryAfter`: wait what the 429's Retry-After says (times 1 + spread * U(0,1),
+    the SDK's jitter; spread 0 = everyone comes back exactly on time), else an exponential
+    back-off of `backoff` * 2**n (with the same spread)."""
+
+    max_attempts: int = Field(default=1, ge=1)
+    follow_retry_after: bool = True
+    # Also retry when the client's own deadline passed (the OpenAI SDK retries timeouts).
+    on_timeout: bool = False
+    spread: float = Field(default=0.5, ge=0)
+    backoff: Duration = Field(default=1.0, ge=0)
+
+
+class ClientBehaviour(_Model):
+    # The client gives up (disconnects) this long after it sent an attempt, finished or
+    # not; it also tells the gateway (X-Request-Timeout). None = it waits forever.
+    deadline: Duration | None = None
+    cancel: Cancel | None = None
+    retry: Retry = Retry()
+
+
+class Slo(_Model):
+    """What a request must achieve to count as a success (from its first attempt)."""
+
+    ttft: Duration | None = None
+    tpot: Duration | None = None
+    e2e: Duration | None = None
+
+
+DEFAULT_SLOS: dict[str, Slo] = {
+    "P0": Slo(ttft=1.0, tpot=0.1),
+    "P1": Slo(ttft=15.0),
+    "P2": Slo(e2e=60.0),
+}
+
+
+class TenantSpec(_Model):
+    name: str = Field(min_length=1)
+    priority: int = Field(ge=0, le=2)
+    weight: float = Field(default=1.0, gt=0)
+    # Its part of its class's traffic, relative to the other tenants of the class.
+    share: float = Field(default=1.0, gt=0)
+
+
+DEFAULT_TENANTS: tuple[TenantSpec, ...] = (
+    TenantSpec(name="chat-app", priority=0),
+    TenantSpec(name="agents", priority=1),
+    TenantSpec(name="batch-etl", priority=2),
+)
+
+
+class BackendSpec(_Model):
+    count: int = Field(default=2, ge=1, le=1024)
+    profile: str = "h100-llama3-8b"
+    # Profile fields to replace, e.g. {numGpuBlocks: 4000} or {num_gpu_blocks: 4000}.
+    overrides: dict[str, float] = Field(default_factory=dict)
+    # The engines run this many times faster than the profile (real mode: < 1 slows the
+    # simulators down so that the machine's CPU keeps up).
+    speed: float = Field(default=1.0, gt=0)
+
+    def build_profile(self) -> Profile:
+        base = get_profile(self.profile)
+        fields = {f.name: f.type for f in dataclasses.fields(base)}
+        changes: dict[str, Any] = {}
+        for key, value in self.overrides.items():
+            name = _snake(key)
+            if name not in fields or name in ("name", "description"):
+                raise ValueError(f"unknown profile field {key!r}")
+            current = getattr(base, name)
+            changes[name] = int(value) if isinstance(current, int) else float(value)
+        return dataclasses.replace(base, **changes).scaled(self.speed)
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+class Phase(_Model):
+    name: str = Field(min_length=1)
+    duration: Duration = Field(gt=0)
+    # Offered load: `rate` in multiples of the backends' capacity for this phase's request
+    # mix (docs/bench.md, "Capacity"), or `rateRps` requests per second in all.
+    rate: float | None = Field(default=None, ge=0)
+    rate_rps: float | None = Field(default=None, ge=0)
+    process: Literal["poisson", "uniform"] | None = None
+    mix: dict[ClassName, float] | None = None
+    prompt: LengthDist | None = None
+    output: LengthDist | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    clients: dict[ClassName, ClientBehaviour] | None = None
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Phase:
+        if (self.rate is None) == (self.rate_rps is None):
+            raise ValueError("give exactly one of `rate` (x capacity) and `rateRps`")
+        if self.mix is not None and (
+            any(v < 0 for v in self.mix.values()) or sum(self.mix.values()) <= 0
+        ):
+            raise ValueError("`mix` shares must be >= 0 with a positive sum")
+        return self
+
+
+class BackendEvent(_Model):
+    """A backend dies (`fail`: its in-flight requests are cut, connections refused) or
+    comes back (`recover`: empty, like a restarted server)."""
+
+    at: Duration
+    action: Literal["fail", "recover"]
+    backend: int = Field(ge=0)
+
+
+class RealMode(_Model):
+    """How the scenario shrinks to run against real processes on this machine."""
+
+    backends: BackendSpec = BackendSpec(count=2, profile="tiny", speed=0.25)
+    length_scale: float = Field(default=0.25, gt=0)  # prompt and output lengths x this
+    duration_scale: float = Field(default=1.0, gt=0)  # phase durations x this
+    max_rps: float = Field(default=60.0, gt=0)  # refuse to offer more than this
+
+
+class ScenarioSpec(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    seed: int = 1
+    backends: BackendSpec = BackendSpec()
+    tenants: tuple[TenantSpec, ...] = DEFAULT_TENANTS
+    slos: dict[ClassName, Slo] = Field(default_factory=dict)
+    clients: dict[ClassName, ClientBehaviour] = Field(default_factory=dict)
+    phases: tuple[Phase, ...] = Field(min_length=1)
+    events: tuple[BackendEvent, ...] = ()
+    # After the last arrival, let requests finish for at most this long.
+    drain: Duration = Field(default=60.0, ge=0)
+    real: RealMode = RealMode()
+    # Arms `sluice bench` runs when --arms is not given.
+    arms: tuple[str, ...] = ("direct", "static", "fifo", "sluice", "oracle")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScenarioSpec:
+        first = self.phases[0]
+        missing = [
+            f for f in ("mix", "prompt", "output", "max_tokens") if getattr(first, f) is None
+        ]
+        if missing:
+            raise ValueError("the first phase must set " + ", ".join(to_camel(m) for m in missing))
+        classes = {t.priority for t in self.tenants}
+        for p in self.phases:
+            for cls, share in (p.mix or {}).items():
+                if share > 0 and int(cls[1]) not in classes:
+                    raise ValueError(f"phase {p.name!r}: no tenant of class {cls}")
+        for e in self.events:
+            if e.backend >= self.backends.count:
+                raise ValueError(f"events: backend {e.backend} out of range")
+        self.backends.build_profile()  # raises on a bad profile or override
+        return self
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResolvedPhase:
+    """A phase with everything inherited filled in; times are absolute (from 0)."""
+
+    index: int
+    name: str
+    start: float
+    end: float
+    rate: float | None
+    rate_rps: float | None
+    process: str
+    mix: dict[str, float]
+    prompt: _LengthDist
+    output: _LengthDist
+    max_tokens: int
+    clients: dict[str, ClientBehaviour]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    spec: ScenarioSpec
+    phases: tuple[ResolvedPhase, ...]
+    slos: dict[str, Slo]
+    source: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def duration(self) -> float:
+        return self.phases[-1].end
+
+    def phase_at(self, t: float) -> ResolvedPhase:
+        for p in self.phases:
+            if t < p.end:
+                return p
+        return self.phases[-1]
+
+    def for_real_mode(self) -> Scenario:
+        """The scenario shrunk for real processes: the `real` section's backends, lengths
+        and durations (rates stay multiples of the new backends' capacity)."""
+        real = self.spec.real
+        k = real.length_scale
+
+        def scale(d: _LengthDist) -> _LengthDist:
+            def s(v: int | None) -> int | None:
+                return None if v is None else max(1, round(v * k))
+
+            return d.model_copy(
+                update={
+                    "value": s(d.value),
+                    "low": s(d.low),
+                    "high": s(d.high),
+                    "median": None if d.median is None else max(1.0, d.median * k),
+                    "min": max(1, round(d.min * k)),
+                    "max": s(d.max),
+                }
+            )
+
+        phases = []
+        t = 0.0
+        for p in self.phases:
+            length = (p.end - p.start) * real.duration_scale
+            phases.append(
+                dataclasses.replace(
+                    p,
+                    start=t,
+                    end=t + length,
+                    prompt=scale(p.prompt),
+                    output=scale(p.output),
+                    max_tokens=max(1, round(p.max_tokens * k)),
+                )
+            )
+            t += length
+        events = tuple(
+            e.model_copy(update={"at": e.at * real.duration_scale})
+            for e in self.spec.events
+            if e.backend < real.backends.count
+        )
+        spec = self.spec.model_copy(
+            update={
+                "backends": real.backends,
+                "events": events,
+                "drain": self.spec.drain * real.duration_scale,
+            }
+        )
+        return Scenario(spec=spec, phases=tuple(phases), slos=self.slos, source=self.source)
+
+
+def _resolve(spec: ScenarioSpec, source: str) -> Scenario:
+    phases: list[ResolvedPhase] = []
+    t = 0.0
+    prev: ResolvedPhase | None = None
+    base_clients = {c: spec.clients.get(c, ClientBehaviour()) for c in CLASSES}
+    for i, p in enumerate(spec.phases):
+        clients = dict(prev.clients if prev else base_clients)
+        clients.update(p.clients or {})
+        mix = p.mix if p.mix is not None else (prev.mix if prev else {})
+        total = sum(mix.values())
+        resolved = ResolvedPhase(
+            index=i,
+            name=p.name,
+            start=t,
+            end=t + p.duration,
+            rate=p.rate,
+            rate_rps=p.rate_rps,
+            process=p.process or (prev.process if prev else "poisson"),
+            mix={c: mix.get(c, 0.0) / total for c in CLASSES},  # type: ignore[call-overload]
+            prompt=p.prompt or prev.prompt,  # type: ignore[union-attr]
+            output=p.output or prev.output,  # type: ignore[union-attr]
+            max_tokens=p.max_tokens or prev.max_tokens,  # type: ignore[union-attr]
+            clients=clients,
+        )
+        phases.append(resolved)
+        prev = resolved
+        t = resolved.end
+    slos = {c: spec.slos.get(c, DEFAULT_SLOS[c]) for c in CLASSES}  # type: ignore[call-overload]
+    return Scenario(spec=spec, phases=tuple(phases), slos=slos, source=source)
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{path}: {err['msg'].removeprefix('Value error, ')}")
+    return lines
+
+
+def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(source, [f"(file): not valid YAML ({exc})"]) from exc
+    if not isinstance(doc, dict):
+        raise ScenarioError(source, ["(top level): expected a mapping"])
+    try:
+        spec = ScenarioSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise ScenarioError(source, _format_errors(exc)) from exc
+    return _resolve(spec, source)
+
+
+def builtin_scenarios() -> list[str]:
+    folder = resources.files("sluice.bench").joinpath("scenarios")
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A built-in scenario by name (`burst`), or a YAML file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScenarioError(str(path), [f"(file): cannot read ({exc.strerror})"]) from exc
+        return parse_scenario(text, str(path))
+    resource = resources.files("sluice.bench").joinpath(f"scenarios/{name_or_path}.yaml")
+    if not resource.is_file():
+        known = ", ".join(builtin_scenarios())
+        raise ScenarioError(name_or_path, [f"unknown scenario; built-in scenarios: {known}"])
+    return parse_scenario(resource.read_text(encoding="utf-8"), f"scenarios/{name_or_path}.yaml")

@@ -1,0 +1,53 @@
+"""What the core keeps per backend: its limiter, in-flight counts and last metrics."""
+
+from __future__ import annotations
+
+from sluice.core.limiters import Limiter
+from sluice.core.types import BackendMetrics
+
+
+class BackendState:
+    __slots__ = (
+        "cap_low",
+        "congestion",
+        "counted_inflight",
+        "counted_limit",
+        "healthy",
+        "inflight",
+        "inflight_tokens",
+        "kv_budget",
+        "kv_capacity",
+        "last_metrics",
+        "limit",
+        "limiter",
+        "metrics_fresh",
+        "models",
+        "name",
+        "prefill_tokens",
+        "removed",
+    )
+
+    def __init__(self, name: str, limiter: Limiter) -> None:
+        self.name = name
+        self.limiter = limiter
+        self.healthy = True
+        self.models: frozenset[str] = frozenset()  # empty = serves any model
+        self.inflight = 0
+        self.inflight_tokens = 0
+        self.prefill_tokens = 0.0  # prompt tokens of in-flight requests without a first token
+        self.limit = limiter.limit  # cached after every limiter call
+        self.cap_low = -1  # slots P1/P2 may use (the dispatcher computes it)
+        self.kv_budget: float | None = limiter.kv_budget_tokens
+        # The KV cache's size in tokens, once a scrape told it (kept while metrics are
+        # stale: it does not change); None = unknown.
+        self.kv_capacity: float | None = None
+        self.last_metrics: BackendMetrics | None = None
+        self.metrics_fresh = False
+        self.removed = False  # dropped by set_backends while requests were in flight
+        self.congestion: float | None = None  # from the last fresh scrape (pressure.B)
+        # What this backend adds to the dispatcher's totals (for O(1) pressure).
+        self.counted_inflight = 0
+        self.counted_limit = 0
+
+    def serves(self, model: str) -> bool:
+        return not self.models or model in self.models

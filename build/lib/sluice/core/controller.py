@@ -1,0 +1,798 @@
+"""The Controller: the one facade the gateway shell and the simulation drive.
+
+It ties the parts together -- tenant quotas, pressure and the drop policies at arrival, the
+class queues, the dispatcher, one limiter per backend, token costs and Retry-After -- and
+keeps the single source of truth about each request: queued, in flight, or gone (an
+unknown id). Time comes only from the injected clock; nothing here sleeps or does I/O.
+
+Driving it: call `arrive` for each request; after every event (arrival, finish, cancel,
+health or metrics change) call `step` and act on what it says: the assignments to start,
+the queued requests to refuse, and when to call `step` again if nothing else happens
+(`dispatch`, `expire` and `next_wakeup` are the same pass in three calls).
+
+Dispatch on arrival: a request admitted while every class queue is empty, and that a
+backend has room for, is placed by `arrive` itself, exactly as the step right after it
+would have placed it alone in its queue (the common case below the limit, without a trip
+through the queue). Its state is then INFLIGHT, but its Assignment is reported by the next
+`step` or `dispatch` like any other (`next_wakeup` says "now" until then), so a driver
+that steps after every arrival sees no difference. A request cancelled before that step
+is not reported; its slot and its quota charge come back. A driver that acts on a
+placement at once (the gateway) passes `take=True`: when that step would have reported
+nothing else, the assignment comes back in the Admission and the step is not needed
+(`quiet()` says when a step after a finish would have nothing to do either).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy, PressurePolicy
+from sluice.core.backend_state import BackendState
+from sluice.core.class_queue import ClassQueue
+from sluice.core.clock import Clock
+from sluice.core.dispatcher import Dispatcher
+from sluice.core.drop_policy import admission_code, head_slack
+from sluice.core.ewma import Ewma
+from sluice.core.limiters import Limiter, make_limiter
+from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
+from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
+from sluice.core.request_record import RequestRecord, RequestState
+from sluice.core.retry_after import DrainEstimator, refusal_excess
+from sluice.core.token_cost import TokenCostModel
+from sluice.core.types import (
+    SIGNALS,
+    Admission,
+    Assignment,
+    BackendMetrics,
+    Outcome,
+    RejectCode,
+    Rejection,
+    RequestInfo,
+    Sample,
+)
+
+PRIORITIES = (0, 1, 2)
+_INFLIGHT = RequestState.INFLIGHT
+_DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
+_QUEUED = Admission.ok()  # shared: an answer is never changed
+
+LimiterFactory = Callable[[str, LimiterPolicy, int | None], Limiter]
+
+
+class Step(NamedTuple):
+    """What one pass of the controller decided (see `Controller.step`)."""
+
+    assignments: list[Assignment]
+    rejections: list[Rejection]
+    wake_at: float | None  # call step() again by then if nothing else happens
+
+
+# Step(...) runs a Python-level __new__; the tuple's own is the same and free (once per event)
+_new_step = tuple.__new__
+
+
+class ClassCounters:
+    """Per-class counters. They add up (checked by the tests):
+    arrived = admitted + sum(rejected)
+    admitted = queued + dispatched + sum(dropped) + cancelled_queued
+    dispatched = inflight + sum(finished) + cancelled_inflight"""
+
+    __slots__ = (
+        "admitted",
+        "arrived",
+        "cancelled_inflight",
+        "cancelled_queued",
+        "dispatched",
+        "dropped",
+        "finished",
+        "rejected",
+    )
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.admitted = 0
+        self.rejected: dict[str, int] = {}
+        self.dispatched = 0
+        self.dropped: dict[str, int] = {}
+        self.cancelled_queued = 0
+        self.cancelled_inflight = 0
+        self.finished: dict[str, int] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "arrived": self.arrived,
+            "admitted": self.admitted,
+            "rejected": dict(self.rejected),
+            "dispatched": self.dispatched,
+            "dropped": dict(self.dropped),
+            "cancelled_queued": self.cancelled_queued,
+            "cancelled_inflight": self.cancelled_inflight,
+            "finished": dict(self.finished),
+        }
+
+
+def class_thresholds(policy: Policy) -> list[PressurePolicy]:
+    """Per class, the pressure thresholds it is judged by. A class never sheds at a
+    pressure below the one at which a lower class is fast-rejected: P2 is refused before
+    P1, P1 before P0."""
+    out = []
+    for prio in PRIORITIES:
+        below = [policy.queue(p) for p in PRIORITIES if p > prio]
+        shed = policy.pressure.shed_above
+        if any(q.drop_policy is DropPolicy.FAST_REJECT for q in below):
+            shed = max(shed, policy.pressure.fast_reject_above)
+        out.append(policy.pressure.model_copy(update={"shed_above": shed}))
+    return out
+
+
+def _bump(d: dict[str, int], key: str) -> None:
+    d[key] = d.get(key, 0) + 1
+
+
+class Controller:
+    def __init__(
+        self,
+        policy: Policy,
+        clock: Clock,
+        backends: Sequence[str] = (),
+        *,
+        limiter_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        limiter_factory: LimiterFactory | None = None,
+        aging_every: int = 5,
+        rate_tau_s: float = 2.0,
+        ttft_alpha: float = 0.1,
+        no_backend_retry_s: float = 2.0,
+        kv_low: float = 0.85,
+        kv_high: float = 0.95,
+        quotas: TenantQuotas | None = None,
+        cost_model: TokenCostModel | None = None,
+        seed: int | str = 0,
+        dispatch_on_arrival: bool = True,
+    ) -> None:
+        """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
+        `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
+        factory; `seed` makes each backend's probe jitter reproducible;
+        `dispatch_on_arrival=False` makes `arrive` only queue (the behaviour the short cut
+        reproduces: the tests compare the two)."""
+        self._policy = policy
+        self._clock = clock
+        self._limiter_kwargs = {k: dict(v) for k, v in (limiter_kwargs or {}).items()}
+        self._limiter_factory = limiter_factory
+        self._seed = seed
+        self._queues = [ClassQueue(policy.queue(p)) for p in PRIORITIES]
+        self._dispatcher = Dispatcher(
+            reserved_p0=policy.dispatcher.reserved.p0,
+            aging_after_s=policy.dispatcher.aging_after,
+            aging_every=aging_every,
+            hold_for_large_s=policy.dispatcher.hold_for_large,
+        )
+        self._records: dict[str, RequestRecord] = {}
+        self._thresholds = class_thresholds(policy)
+        self._drain = DrainEstimator(
+            len(PRIORITIES), tau_s=rate_tau_s, max_s=policy.pressure.max_retry_after
+        )
+        self._cost = cost_model or TokenCostModel()
+        self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
+        self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
+        self._slack_cache: tuple[float, list[float]] | None = None  # (ttft, slacks)
+        self._pending: list[Rejection] = []  # found due inside dispatch(): for expire()
+        # dispatched by arrive(), for the next step() to report (unless cancelled by then)
+        self._ready: list[tuple[RequestRecord, Assignment]] = []
+        self._dispatch_on_arrival = dispatch_on_arrival
+        self._alarms: list[tuple[float, int, str]] = []  # (due, seq, id): overdue TTFT
+        self._seq = 0
+        self._counters = [ClassCounters() for _ in PRIORITIES]
+        self._no_backend_retry_s = no_backend_retry_s
+        self._kv_low = kv_low
+        self._kv_high = kv_high
+        self._congestion_sum = 0.0
+        self._congestion_n = 0
+        self.set_backends(backends)
+
+    # -- backends ----------------------------------------------------------------------
+
+    def _new_limiter(self, name: str, initial: int | None = None) -> Limiter:
+        lp = self._policy.limiter
+        if self._limiter_factory is not None:
+            return self._limiter_factory(name, lp, initial)
+        kwargs = dict(self._limiter_kwargs.get(lp.algorithm, {}))
+        if lp.algorithm == "sluice":
+            kwargs.setdefault("seed", f"{self._seed}:{name}")
+            kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved.p0)
+            kwargs.setdefault("demand_footprint", self._admitted_footprint_of(name))
+        return make_limiter(lp, initial_limit=initial, **kwargs)
+
+    def _admitted_footprint_of(self, name: str) -> Callable[[], float | None]:
+        """For a backend's limiter: the footprint of the requests being admitted for the
+        models it serves (the mix it will be sent next)."""
+        backends = self._dispatcher.backends
+        cost = self._cost
+
+        def admitted() -> float | None:
+            b = backends.get(name)
+            return cost.admitted_footprint(frozenset() if b is None else b.models)
+
+        return admitted
+
+    def set_backends(self, names: Sequence[str]) -> None:
+        wanted = list(dict.fromkeys(names))
+        for name in list(self._dispatcher.backends):
+            if name not in wanted:
+                b = self._dispatcher.backends[name]
+                self._set_congestion(b, None)
+                self._dispatcher.remove(name)
+        for name in wanted:
+            if name not in self._dispatcher.backends:
+                self._dispatcher.add(BackendState(name, self._new_limiter(name)))
+
+    def set_backend_models(self, backend: str, models: Sequence[str]) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is not None:
+            self._dispatcher.set_models(b, models)
+
+    def set_backend_health(self, backend: str, healthy: bool) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is not None and b.healthy != healthy:
+            self._dispatcher.set_health(b, healthy)
+
+    def on_metrics(self, backend: str, m: BackendMetrics) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is None:
+            return
+        b.last_metrics = m
+        b.metrics_fresh = True
+        if m.num_gpu_blocks and m.block_size:
+            b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
+        # what is ours in the scrape's KV usage (the rest is other replicas')
+        if hasattr(b.limiter, "own_kv_tokens"):
+            b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+        self._set_congestion(
+            b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
+        )
+        b.limiter.on_metrics(m, self._clock.now())
+        self._dispatcher.refresh(b)
+
+    def metrics_stale(self, backend: str) -> None:
+        b = self._dispatcher.backends.get(backend)
+        if b is None:
+            return
+        b.metrics_fresh = False
+        self._set_congestion(b, None)
+        b.limiter.on_metrics_stale(self._clock.now())
+        self._dispatcher.refresh(b)
+
+    def _set_congestion(self, b: BackendState, value: float | None) -> None:
+        if b.congestion is not None:
+            self._congestion_sum -= b.congestion
+            self._congestion_n -= 1
+        b.congestion = value
+        if value is not None:
+            self._congestion_sum += value
+            self._congestion_n += 1
+
+    # -- arrival -----------------------------------------------------------------------
+
+    def arrive(self, req: RequestInfo, take: bool = False) -> Admission:
+        now = self._clock.now()
+        rid = req.request_id
+        if rid in self._records:
+            raise ValueError(f"request id {rid!r} is already queued or in flight")
+        prio = req.priority
+        if prio not in PRIORITIES:
+            raise ValueError(f"priority must be 0, 1 or 2, got {prio!r}")
+        if not req.weight > 0:
+            raise ValueError("a tenant weight must be positive")
+        counters = self._counters[prio]
+        counters.arrived += 1
+        self._drain.record_arrival(prio, now)
+        q = self._queues[prio]
+        if not self._dispatcher.serves(req.model):
+            return self._refuse(counters, RejectCode.NO_BACKEND, self._no_backend_retry_s)
+
+        cost = self._cost
+        prompt, expected_out, footprint = self._estimate(req)
+        if self._dispatcher.never_fits(req.model, prompt):
+            return self._refuse(counters, RejectCode.TOO_LARGE, 0.0)
+        charge = self._quotas.charge_for(req.tenant, footprint)
+        quota = self._quotas.acquire(req.tenant, charge, now)
+        if not quota.ok:
+            retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
+            return self._refuse(counters, RejectCode.TENANT_QUOTA, retry)
+
+        policy = q.policy
+        patience = policy.timeout
+        if req.client_deadline is not None:
+            patience = min(patience, req.client_deadline - now)
+        code: RejectCode | None
+        if patience <= 0:
+            code = RejectCode.QUEUE_TIMEOUT
+        else:
+            pressure = 0.0 if policy.drop_policy is DropPolicy.TAIL else self.pressure()
+            predicted = 0.0
+            thresholds = self._thresholds[prio]
+            if pressure >= thresholds.shed_above and self._drain.warm(now):
+                predicted = self._drain.wait_estimate(
+                    prio, now, ahead=len(q), queued_above=self._queued_above(prio)
+                )
+            code = admission_code(
+                policy,
+                thresholds,
+                queued=len(q),
+                can_dispatch_now=self._dispatcher.has_free_slot(prio),
+                pressure=pressure,
+                predicted_wait_s=predicted,
+                patience_s=patience,
+            )
+        if code is not None:
+            self._quotas.refund(req.tenant, charge, now)
+            return self._refuse(counters, code, self._retry_after(prio, now, code, patience))
+
+        self._seq += 1
+        rec = RequestRecord(
+            req,
+            seq=self._seq,
+            now=now,
+            prompt_est=prompt,
+            expected_output=expected_out,
+            cost=footprint,
+        )
+        rec.quota_tokens = charge
+        self._records[rid] = rec
+        counters.admitted += 1
+        cost.note_admitted(req.model, footprint)
+        q0, q1, q2 = self._queues
+        if (
+            not (q0.by_arrival or q1.by_arrival or q2.by_arrival)
+            and self._dispatch_on_arrival
+            and q.idle()
+            and not (self._alarms and self._alarms[0][0] <= now)  # step fires them first
+            and not q.due_at_once(rec, now, self._slacks()[prio])
+        ):
+            b = self._dispatcher.dispatch_alone(rec, now)
+            if b is not None:
+                q.passed(rec)
+                if take and not self._ready and not self._pending:
+                    # what the next step would report, and all it would: report it now
+                    return Admission(True, assignment=self._started(rec, b, now))
+                # its first-token alarm is armed when it is reported, as step() would
+                self._ready.append((rec, self._started(rec, b, now, arm=False)))
+                return _QUEUED
+        q.push(rec)
+        return _QUEUED
+
+    def _estimate(self, req: RequestInfo) -> tuple[float, float, int]:
+        """(corrected prompt, expected output of all its sequences, KV footprint)."""
+        cost = self._cost
+        prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
+        expected_out = max(1, req.sequences) * cost.expected_output(
+            req.tenant, req.model, req.max_tokens
+        )
+        return prompt, expected_out, max(1, int(prompt + expected_out + 0.999999))
+
+    def cost_of(self, req: RequestInfo) -> int:
+        """The request's estimated cost in tokens, as `arrive` would charge the tenant's
+        token quota (a shared quota store is charged the same, before `arrive`)."""
+        return self._estimate(req)[2]
+
+    def _refuse(self, counters: ClassCounters, code: RejectCode, retry_s: float) -> Admission:
+        _bump(counters.rejected, code.value)
+        return Admission(queued=False, code=code, retry_after_s=retry_s)
+
+    def _queued_above(self, prio: int) -> int:
+        return sum(len(self._queues[p]) for p in range(prio))
+
+    def _retry_after(
+        self, prio: int, now: float, code: RejectCode | None, patience: float | None = None
+    ) -> float:
+        """Retry-After for a refusal of this cause (retry_after.py has the rule): how far
+        the queue must drain before such a newcomer is accepted, over the net drain."""
+        q = self._queues[prio]
+        timeout = q.policy.timeout
+        excess = refusal_excess(
+            code,
+            queued=len(q),
+            max_queue_size=q.policy.max_queue_size,
+            patience_s=timeout if patience is None else patience,
+            class_rate=self._drain.rate(prio, now),
+            queued_total=sum(len(x) for x in self._queues),
+            limit_total=self._dispatcher.limit_total,
+            fast_reject_above=self._policy.pressure.fast_reject_above,
+        )
+        return self._drain.retry_after(prio, now, excess=excess, timeout_s=timeout)
+
+    # -- dispatch and expiry -----------------------------------------------------------
+
+    def _slacks(self) -> list[float]:
+        """Per priority: how much earlier than its deadline a queued request is dropped.
+        Cached: it changes only with the expected TTFT or the policy."""
+        ttft = self._ttft.get(0.0)
+        cached = self._slack_cache
+        if cached is not None and cached[0] == ttft:
+            return cached[1]
+        slacks = [head_slack(q.policy, ttft) for q in self._queues]
+        self._slack_cache = (ttft, slacks)
+        return slacks
+
+    def step(self) -> Step:
+        """One pass after any event: overdue first-token alarms, queued requests whose
+        wait is over, what may be dispatched now, and when to look again. The shell calls
+        it after every arrival, finish, cancel and health or metrics change, and when the
+        time it returned comes."""
+        now = self._clock.now()
+        if self._alarms and self._alarms[0][0] <= now:
+            self._check_alarms(now)
+        ready = self._take_ready() if self._ready else []
+        q0, q1, q2 = self._queues
+        if not (q0.by_arrival or q1.by_arrival or q2.by_arrival):
+            # Nothing queued: nothing to dispatch or drop (the common case below the limit).
+            out, self._pending = self._pending, []
+            return _new_step(Step, (ready, out, now if out else self._next_alarm()))
+        slacks = self._slacks()
+        assignments = self._dispatch_at(now, slacks)
+        if ready:
+            assignments = ready + assignments
+        out, self._pending = self._pending, []
+        return _new_step(Step, (assignments, out, now if out else self._wakeup(slacks)))
+
+    def quiet(self) -> bool:
+        """Whether a step now could only say when to look again (nothing queued, nothing
+        to report, no alarm due). A driver that keeps its timer armed for the times steps
+        return (and `next_alarm_at` after a placement taken on arrival) may skip it."""
+        q0, q1, q2 = self._queues
+        if self._pending or self._ready or q0.by_arrival or q1.by_arrival or q2.by_arrival:
+            return False
+        alarms = self._alarms
+        return not (alarms and alarms[0][0] <= self._clock.now())
+
+    def next_alarm_at(self) -> float | None:
+        """When the earliest first-token alarm is due (maybe one no longer needed)."""
+        return self._alarms[0][0] if self._alarms else None
+
+    def dispatch(self) -> list[Assignment]:
+        now = self._clock.now()
+        self._check_alarms(now)
+        ready = self._take_ready() if self._ready else []
+        return ready + self._dispatch_at(now, self._slacks())
+
+    def _take_ready(self) -> list[Assignment]:
+        """The assignments made by `arrive` since the last pass, but for the cancelled.
+        Called after the pass has fired its due alarms, where it would have placed them."""
+        ready, self._ready = self._ready, []
+        out = []
+        for rec, a in ready:
+            if rec.state is RequestState.INFLIGHT:
+                if rec.info.first_token_visible:
+                    assert rec.backend is not None and rec.dispatched_at is not None
+                    self._arm(rec, rec.backend, rec.dispatched_at)
+                out.append(a)
+        return out
+
+    def _dispatch_at(self, now: float, slacks: list[float]) -> list[Assignment]:
+        self._collect_due(now, slacks)
+        placed, dropped = self._dispatcher.dispatch(self._queues, now, slacks)
+        for rec in dropped:
+            self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
+        return [self._started(rec, b, now) for rec, b in placed]
+
+    def _started(
+        self, rec: RequestRecord, b: BackendState, now: float, arm: bool = True
+    ) -> Assignment:
+        """Book-keeping for a request the dispatcher just placed on `b`."""
+        rec.state = RequestState.INFLIGHT
+        rec.dispatched_at = now
+        rec.inflight_at_send = b.inflight
+        prio = rec.priority
+        self._counters[prio].dispatched += 1
+        self._drain.record_dispatch(prio, now)
+        if arm and rec.info.first_token_visible:
+            self._arm(rec, b, now)
+        return Assignment(rec.request_id, b.name, now - rec.enqueued_at)
+
+    def _arm(self, rec: RequestRecord, b: BackendState, now: float) -> None:
+        """The alarm that feeds the limiter if the first token is overdue."""
+        alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
+        if alarm is not None:
+            heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
+
+    def expire(self) -> list[Rejection]:
+        now = self._clock.now()
+        self._check_alarms(now)
+        self._collect_due(now, self._slacks())
+        out, self._pending = self._pending, []
+        return out
+
+    def next_wakeup(self) -> float | None:
+        if self._pending or self._ready:
+            return self._clock.now()
+        return self._wakeup(self._slacks())
+
+    def _wakeup(self, slacks: list[float]) -> float | None:
+        at: float | None = None
+        for q, slack in zip(self._queues, slacks, strict=True):
+            if q.by_arrival:
+                t = q.next_due(slack)
+                if t is not None and (at is None or t < at):
+                    at = t
+        alarm = self._next_alarm()
+        if alarm is not None and (at is None or alarm < at):
+            at = alarm
+        hold = self._dispatcher.hold_ends_at
+        if hold is not None and (at is None or hold < at):
+            at = hold  # a large request stops holding the others back then
+        return at
+
+    def _next_alarm(self) -> float | None:
+        alarms = self._alarms
+        while alarms and not self._alarm_live(alarms[0]):
+            heapq.heappop(alarms)
+        return alarms[0][0] if alarms else None
+
+    def _collect_due(self, now: float, slacks: list[float]) -> None:
+        for q, slack in zip(self._queues, slacks, strict=True):
+            if q.by_arrival:
+                for rec in q.pop_due(now, slack):
+                    self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
+
+    def _drop(self, rec: RequestRecord, code: RejectCode, now: float) -> None:
+        del self._records[rec.request_id]
+        rec.state = RequestState.GONE
+        _bump(self._counters[rec.priority].dropped, code.value)
+        self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+        self._pending.append(
+            Rejection(
+                rec.request_id,
+                code,
+                self._retry_after(rec.priority, now, code),
+                now - rec.enqueued_at,
+            )
+        )
+
+    def _alarm_live(self, alarm: tuple[float, int, str]) -> bool:
+        rec = self._records.get(alarm[2])
+        return (
+            rec is not None
+            and rec.seq == alarm[1]
+            and rec.state is RequestState.INFLIGHT
+            and rec.first_token_at is None
+        )
+
+    def _check_alarms(self, now: float) -> None:
+        alarms = self._alarms
+        while alarms and alarms[0][0] <= now:
+            alarm = heapq.heappop(alarms)
+            if not self._alarm_live(alarm):
+                continue
+            rec = self._records[alarm[2]]
+            b = rec.backend
+            assert b is not None and rec.dispatched_at is not None
+            b.limiter.on_sample(
+                Sample(
+                    ttft_s=now - rec.dispatched_at,
+                    prompt_tokens=round(rec.prompt_est),
+                    inflight=rec.inflight_at_send,
+                    sent_at=rec.dispatched_at,
+                    extra={"pending": 1.0, "prefill_ahead": rec.prefill_ahead},
+                ),
+                now,
+            )
+            self._dispatcher.refresh(b)
+
+    # -- request lifecycle -------------------------------------------------------------
+
+    def cancel(self, request_id: str) -> None:
+        rec = self._records.pop(request_id, None)
+        if rec is None:
+            return
+        now = self._clock.now()
+        counters = self._counters[rec.priority]
+        if rec.state is RequestState.QUEUED:
+            self._queues[rec.priority].remove(request_id)
+            counters.cancelled_queued += 1
+            self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+        else:
+            self._dispatcher.release(rec, now)
+            counters.cancelled_inflight += 1
+            if self._ready and any(r is rec for r, _ in self._ready):
+                # dispatched by arrive() but never reported, so never sent
+                self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+            else:
+                self._quotas.release(rec.tenant, now)
+        rec.state = RequestState.GONE
+
+    def on_first_token(self, request_id: str) -> None:
+        rec = self._records.get(request_id)
+        if rec is None or rec.state is not RequestState.INFLIGHT or rec.first_token_at is not None:
+            return
+        now = self._clock.now()
+        assert rec.dispatched_at is not None and rec.backend is not None
+        self._dispatcher.prefilled(rec)
+        rec.first_token_at = now
+        ttft = now - rec.dispatched_at
+        self._ttft.update(ttft)
+        b = rec.backend
+        b.limiter.on_sample(
+            Sample(
+                ttft_s=ttft,
+                prompt_tokens=round(rec.prompt_est),
+                inflight=rec.inflight_at_send,
+                sent_at=rec.dispatched_at,
+                extra={"prefill_ahead": rec.prefill_ahead},
+            ),
+            now,
+        )
+        self._dispatcher.refresh(b)
+
+    def on_finish(
+        self,
+        request_id: str,
+        outcome: Outcome,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        rec = self._records.get(request_id)
+        if rec is None or rec.state is not _INFLIGHT:
+            return
+        del self._records[request_id]
+        rec.state = RequestState.GONE
+        now = self._clock.now()
+        b = rec.backend
+        assert b is not None and rec.dispatched_at is not None
+        self._dispatcher.release(rec, now, refresh=False)  # refreshed once, below
+        finished = self._counters[rec.priority].finished
+        key = str(outcome)  # its value (StrEnum), without enum's Python-level property
+        finished[key] = finished.get(key, 0) + 1
+        if outcome is Outcome.OK:
+            self._cost.observe(
+                rec.tenant,
+                rec.model,
+                rec.info.prompt_tokens,
+                prompt_tokens,
+                completion_tokens,
+                rec.info.sequences,
+            )
+        delta = settlement(rec.quota_tokens, outcome, prompt_tokens, completion_tokens)
+        if delta:
+            self._quotas.settle(rec.tenant, delta, now)
+        self._quotas.release(rec.tenant, now)
+        if outcome is Outcome.CANCELLED:
+            self._dispatcher.refresh(b)
+            return  # no latency signal
+        e2e = now - rec.dispatched_at
+        ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
+        tpot = None
+        if ttft is not None and completion_tokens is not None and completion_tokens >= 2:
+            tpot = (e2e - ttft) / (completion_tokens - 1)
+        b.limiter.on_sample(
+            Sample(
+                ttft_s=ttft,
+                tpot_s=tpot,
+                prompt_tokens=prompt_tokens if prompt_tokens is not None else round(rec.prompt_est),
+                completion_tokens=completion_tokens or 0,
+                inflight=rec.inflight_at_send,
+                dropped=outcome in _DROP_OUTCOMES,
+                sent_at=rec.dispatched_at,
+                e2e_s=e2e,
+            ),
+            now,
+        )
+        self._dispatcher.refresh(b)
+
+    # -- state -------------------------------------------------------------------------
+
+    def _pressure_inputs(self, now: float) -> PressureInputs:
+        d = self._dispatcher
+        queued = 0
+        ratio = 0.0
+        for q in self._queues:
+            n = len(q)
+            if n:
+                queued += n
+                r = q.head_sojourn(now) / q.policy.timeout
+                if r > ratio:
+                    ratio = r
+        cong = self._congestion_sum / self._congestion_n if self._congestion_n else 0.0
+        return PressureInputs(
+            inflight=d.inflight_total,
+            limit_total=d.limit_total,
+            queued=queued,
+            max_sojourn_ratio=ratio,
+            backend_congestion=cong,
+        )
+
+    def pressure(self) -> float:
+        return compute_pressure(self._pressure_inputs(self._clock.now()))
+
+    def state_of(self, request_id: str) -> RequestState:
+        rec = self._records.get(request_id)
+        return RequestState.GONE if rec is None else rec.state
+
+    def backend_of(self, request_id: str) -> str | None:
+        rec = self._records.get(request_id)
+        if rec is None or rec.backend is None:
+            return None
+        return rec.backend.name
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self._clock.now()
+        classes: dict[str, Any] = {}
+        for q, c in zip(self._queues, self._counters, strict=True):
+            prio = q.priority
+            classes[CLASS_NAMES[prio]] = {
+                "name": q.policy.name,
+                "queued": len(q),
+                "head_sojourn_s": q.head_sojourn(now),
+                "dispatch_rate": self._drain.rate(prio, now),
+                "arrival_rate": self._drain.arrival_rate(prio, now),
+                "retry_after_s": self._retry_after(prio, now, None),
+                "tenants_queued": q.tenant_depths(),
+                **c.as_dict(),
+            }
+        backends: dict[str, Any] = {}
+        for b in self._dispatcher.backends.values():
+            m = b.last_metrics if b.metrics_fresh else None
+            backends[b.name] = {
+                "healthy": b.healthy,
+                "limit": b.limit,
+                "inflight": b.inflight,
+                "inflight_tokens": b.inflight_tokens,
+                "kv_budget_tokens": b.kv_budget,
+                "kv_usage": None if m is None else m.kv_usage,
+                "waiting": None if m is None else m.waiting,
+                "metrics_fresh": b.metrics_fresh,
+                "models": sorted(b.models),
+                **_signals(b.last_metrics),
+            }
+            describe = getattr(b.limiter, "describe", None)
+            if describe is not None:
+                backends[b.name]["limiter"] = describe()
+        return {
+            "pressure": self.pressure(),
+            "algorithm": self._policy.limiter.algorithm,
+            "expected_ttft_s": self._ttft.get(0.0),
+            "aged_dispatches": self._dispatcher.aged_dispatches,
+            "classes": classes,
+            "backends": backends,
+        }
+
+    # -- hot reload --------------------------------------------------------------------
+
+    def apply_policy(self, policy: Policy) -> None:
+        """New sizes, timeouts, drop policies, thresholds, reservations, quotas and limiter
+        settings; queued and in-flight requests stay where they are (a queue over its new
+        size keeps its requests and refuses newcomers until it is below)."""
+        now = self._clock.now()
+        old = self._policy
+        self._policy = policy
+        for q in self._queues:
+            q.policy = policy.queue(q.priority)
+        self._slack_cache = None
+        self._thresholds = class_thresholds(policy)
+        self._drain.max_s = policy.pressure.max_retry_after
+        d = self._dispatcher
+        d.aging_after_s = policy.dispatcher.aging_after
+        d.hold_for_large_s = policy.dispatcher.hold_for_large
+        d.set_reserved(policy.dispatcher.reserved.p0)
+        for b in d.backends.values():
+            if hasattr(b.limiter, "usable_share"):
+                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0  # type: ignore[attr-defined]
+        self._quotas.set_limits(policy.tenants, now)
+        if policy.limiter != old.limiter:
+            for b in d.backends.values():
+                b.limiter = self._new_limiter(b.name, initial=b.limit)
+                b.limiter.on_release(b.inflight, now)
+                if b.metrics_fresh and b.last_metrics is not None:
+                    if hasattr(b.limiter, "own_kv_tokens"):
+                        b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+                    b.limiter.on_metrics(b.last_metrics, now)
+                d.refresh(b)
+
+
+def _signals(m: BackendMetrics | None) -> dict[str, Any]:
+    """The engine behind a backend and which of its signals the limiter has (from the last
+    scrape that said so, fresh or not: what an engine exports does not change when one
+    scrape fails)."""
+    if m is None or m.signals is None:
+        return {"engine": None if m is None else m.engine, "signals": None}
+    return {"engine": m.engine, "signals": {s: s in m.signals for s in SIGNALS}}

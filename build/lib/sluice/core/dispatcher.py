@@ -1,0 +1,348 @@
+"""The dispatcher: which queued request goes next, and to which backend.
+
+Rules (docs/overload.md):
+  * Strict priority: P0's next request first, then P1's, then P2's. When a class's next
+    request cannot be placed, lower classes may only use backends that do not serve its
+    model (they would take what it is waiting for).
+  * Reserved P0 slots: P1 and P2 may fill a backend only up to
+    cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
+    (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget.
+  * Aging guard: while P0 has requests waiting and P1's oldest request has waited longer
+    than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
+    request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
+    `aging_every` slots freed under a P0 flood; P2 has no aging (it is shed first).
+  * Within a class, the class queue's deficit round robin picks the request.
+  * Large requests: one whose estimated footprint exceeds the KV budget (the class's share
+    of it) of every healthy backend serving its model can only go to an empty backend.
+    At the head of its class it holds the others back (its class, and lower classes on
+    its model's backends) while a backend drains for it, for at most `hold_for_large_s`
+    (policy `dispatcher.holdForLarge`, 2 s); then it is parked: still queued until its
+    timeout, placed whenever a backend serving its model is empty, holding nobody back.
+    (One whose prompt exceeds every such backend's whole KV cache never gets this far:
+    the controller refuses it at arrival, `never_fits`.)
+  * Backend choice: among healthy backends serving the model with a free slot for the
+    class and room in their KV budget, the one with the fewest requests in flight; ties
+    go to the fewest estimated tokens in flight, then to the name. A backend with nothing
+    in flight takes any request whatever its KV budget (or it could never serve it).
+
+Cost: the backends with a free slot are kept in two dicts updated on every change, so a
+dispatch call with no free slot is O(1) and a placement is O(backends with a free slot).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from sluice.core.backend_state import BackendState
+from sluice.core.class_queue import ClassQueue
+from sluice.core.request_record import RequestRecord
+
+
+def low_cap(limit: int, reserved_p0: float) -> int:
+    """In-flight requests P1/P2 may have on a backend of this limit."""
+    return max(1, math.floor(limit * (1.0 - reserved_p0) + 1e-9))
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        reserved_p0: float = 0.2,
+        aging_after_s: float = 10.0,
+        aging_every: int = 5,
+        hold_for_large_s: float = 2.0,
+    ) -> None:
+        if aging_every < 1:
+            raise ValueError("aging_every must be at least 1")
+        self.reserved_p0 = reserved_p0
+        self.aging_after_s = aging_after_s
+        self.aging_every = aging_every
+        self.hold_for_large_s = hold_for_large_s
+        # the earliest time a large request holding the others back stops (last pass)
+        self.hold_ends_at: float | None = None
+        self.backends: dict[str, BackendState] = {}
+        self._open_all: dict[str, BackendState] = {}
+        self._open_low: dict[str, BackendState] = {}
+        self._served_models: set[str] = set()
+        self._any_model = False  # a healthy backend serves any model
+        self._p0_since_aged = 0
+        self.aged_dispatches = 0
+        self.inflight_total = 0  # over healthy backends
+        self.limit_total = 0  # sum of the limits of healthy backends
+
+    # -- the backend registry ----------------------------------------------------------
+
+    def add(self, b: BackendState) -> None:
+        self.backends[b.name] = b
+        self.refresh(b)
+        self._recount_models()
+
+    def remove(self, name: str) -> BackendState | None:
+        b = self.backends.pop(name, None)
+        if b is not None:
+            b.removed = True
+            self.refresh(b)  # leaves the free-slot sets and the totals
+            self._recount_models()
+        return b
+
+    def set_health(self, b: BackendState, healthy: bool) -> None:
+        b.healthy = healthy
+        self.refresh(b)
+        self._recount_models()
+
+    def set_models(self, b: BackendState, models: Sequence[str]) -> None:
+        b.models = frozenset(models)
+        self._recount_models()
+
+    def _recount_models(self) -> None:
+        served: set[str] = set()
+        any_model = False
+        for b in self.backends.values():
+            if b.healthy:
+                if b.models:
+                    served |= b.models
+                else:
+                    any_model = True
+        self._served_models = served
+        self._any_model = any_model
+
+    def serves(self, model: str) -> bool:
+        """Some healthy backend serves this model."""
+        return self._any_model or model in self._served_models
+
+    def never_fits(self, model: str, prompt_tokens: float) -> bool:
+        """The prompt is larger than the whole KV cache of every backend (healthy or not)
+        serving the model, all of whose sizes are known: it can never run anywhere."""
+        largest = None
+        for b in self.backends.values():
+            if b.models and model not in b.models:
+                continue
+            cap = b.kv_capacity
+            if cap is None:
+                return False
+            if largest is None or cap > largest:
+                largest = cap
+        return largest is not None and prompt_tokens > largest
+
+    def _needs_empty(self, rec: RequestRecord, full_rights: bool) -> bool:
+        """Too large for the KV budget of every healthy backend serving its model: it
+        fits only a backend with nothing in flight."""
+        share = 1.0 if full_rights else 1.0 - self.reserved_p0
+        model = rec.model
+        found = False
+        for b in self.backends.values():
+            if not b.healthy or b.removed or (b.models and model not in b.models):
+                continue
+            budget = b.kv_budget
+            if budget is None or rec.cost <= budget * share:
+                return False
+            found = True
+        return found
+
+    def _held_long_enough(self, rec: RequestRecord, full_rights: bool, now: float) -> bool:
+        """A head that could not be placed: whether it is a large request that has held
+        the others back for `hold_for_large_s` (then it is parked); else it holds them."""
+        if not self._needs_empty(rec, full_rights):
+            return False
+        if rec.held_since is None:
+            rec.held_since = now
+        end = rec.held_since + self.hold_for_large_s
+        if now >= end:
+            return True
+        if self.hold_ends_at is None or end < self.hold_ends_at:
+            self.hold_ends_at = end
+        return False
+
+    def refresh(self, b: BackendState) -> None:
+        """Re-read the limiter and update the free-slot sets."""
+        limiter = b.limiter
+        limit = limiter.limit
+        if limit != b.limit or b.cap_low < 0:
+            b.limit = limit
+            b.cap_low = low_cap(limit, self.reserved_p0)
+        b.kv_budget = limiter.kv_budget_tokens
+        name = b.name
+        # Totals over usable backends, kept incrementally so pressure is O(1).
+        if b.healthy and not b.removed:
+            inflight = b.inflight
+            self.inflight_total += inflight - b.counted_inflight
+            b.counted_inflight = inflight
+            if limit != b.counted_limit:
+                self.limit_total += limit - b.counted_limit
+                b.counted_limit = limit
+            if inflight < limit:
+                self._open_all[name] = b
+            else:
+                self._open_all.pop(name, None)
+            if inflight < b.cap_low:
+                self._open_low[name] = b
+            else:
+                self._open_low.pop(name, None)
+        else:
+            self.inflight_total -= b.counted_inflight
+            self.limit_total -= b.counted_limit
+            b.counted_inflight = b.counted_limit = 0
+            self._open_all.pop(name, None)
+            self._open_low.pop(name, None)
+
+    def set_reserved(self, reserved_p0: float) -> None:
+        self.reserved_p0 = reserved_p0
+        for b in self.backends.values():
+            b.cap_low = -1  # recompute
+            self.refresh(b)
+
+    def has_free_slot(self, priority: int) -> bool:
+        return bool(self._open_all if priority == 0 else self._open_low)
+
+    # -- accounting --------------------------------------------------------------------
+
+    def assign(self, rec: RequestRecord, b: BackendState, now: float) -> None:
+        b.inflight += 1
+        b.inflight_tokens += rec.cost
+        rec.backend = b
+        rec.prefill_ahead = b.prefill_tokens
+        b.prefill_tokens += rec.prompt_est
+        b.limiter.on_dispatch(b.inflight, rec.cost, now)
+        self.refresh(b)
+
+    def release(self, rec: RequestRecord, now: float, *, refresh: bool = True) -> None:
+        """The request left its backend. `refresh=False` when the caller refreshes the
+        backend itself right after (after feeding its limiter a sample)."""
+        b = rec.backend
+        if b is None:
+            return
+        b.inflight -= 1
+        b.inflight_tokens -= rec.cost
+        if rec.first_token_at is None:
+            self.prefilled(rec)
+        if b.inflight == 0:
+            b.prefill_tokens = 0.0  # no float drift left behind
+        b.limiter.on_release(b.inflight, now)
+        if refresh:
+            self.refresh(b)
+
+    def prefilled(self, rec: RequestRecord) -> None:
+        """The request's prompt is no longer waiting (first token, or it left)."""
+        b = rec.backend
+        if b is not None:
+            b.prefill_tokens = max(0.0, b.prefill_tokens - rec.prompt_est)
+
+    # -- choosing ----------------------------------------------------------------------
+
+    def place(
+        self, rec: RequestRecord, full_rights: bool, blocked_models: set[str] | None = None
+    ) -> BackendState | None:
+        """The backend this request would go to now, or None."""
+        cands = self._open_all if full_rights else self._open_low
+        share = 1.0 if full_rights else 1.0 - self.reserved_p0
+        model = rec.model
+        cost = rec.cost
+        best: BackendState | None = None
+        for b in cands.values():
+            models = b.models
+            if models:
+                if model not in models:
+                    continue
+                if blocked_models and not models.isdisjoint(blocked_models):
+                    continue
+            elif blocked_models:
+                continue
+            budget = b.kv_budget
+            if budget is not None and b.inflight and b.inflight_tokens + cost > budget * share:
+                continue
+            if best is None:
+                best = b
+            elif b.inflight != best.inflight:
+                if b.inflight < best.inflight:
+                    best = b
+            elif b.inflight_tokens != best.inflight_tokens:
+                if b.inflight_tokens < best.inflight_tokens:
+                    best = b
+            elif b.name < best.name:
+                best = b
+        return best
+
+    def dispatch_alone(self, rec: RequestRecord, now: float) -> BackendState | None:
+        """Place `rec` as `dispatch` would if it were the only request queued (and not
+        due): the backend it went to, or None (then it must be queued)."""
+        if not self._open_all:
+            return None
+        self._p0_since_aged = 0  # no P1 request waits behind P0: no aged turn owed
+        b = self.place(rec, rec.priority == 0)
+        if b is not None:
+            self.assign(rec, b, now)
+        return b
+
+    def _place_parked(
+        self, q: ClassQueue, full_rights: bool, blocked: set[str], now: float
+    ) -> tuple[RequestRecord, BackendState] | None:
+        """The first parked request of the class that a backend can take now (an empty
+        one, for a large request), placed."""
+        for rec in q.parked.values():
+            b = self.place(rec, full_rights, blocked)
+            if b is not None:
+                q.remove(rec.request_id)
+                self.assign(rec, b, now)
+                return rec, b
+        return None
+
+    def dispatch(
+        self,
+        queues: Sequence[ClassQueue],
+        now: float,
+        slacks: Sequence[float],
+    ) -> tuple[list[tuple[RequestRecord, BackendState]], list[RequestRecord]]:
+        """Pop what can go now. Returns (placements, requests found due and dropped)."""
+        placed: list[tuple[RequestRecord, BackendState]] = []
+        dropped: list[RequestRecord] = []
+        q0, q1 = queues[0], queues[1]
+        self.hold_ends_at = None
+        while self._open_all:
+            aged = False
+            if q1.by_arrival and q0.by_arrival:
+                oldest = q1.oldest()
+                aged = oldest is not None and now - oldest.enqueued_at > self.aging_after_s
+            if not aged:
+                self._p0_since_aged = 0
+            guard = aged and self._p0_since_aged >= self.aging_every - 1
+            blocked: set[str] = set()
+            progress = False
+            for q in (q1, q0, queues[2]) if guard else queues:
+                if not q.by_arrival:
+                    continue
+                full = q.priority == 0 or (guard and q is q1)
+                if q.parked and (b := self._place_parked(q, full, blocked, now)) is not None:
+                    placed.append(b)
+                    progress = True
+                    break
+                rec = q.peek()
+                if rec is None:
+                    continue
+                if q.is_due(rec, now, slacks[q.priority]):
+                    q.remove(rec.request_id)
+                    dropped.append(rec)
+                    progress = True
+                    break
+                b = self.place(rec, full, blocked)
+                if b is None:
+                    if not (guard and q is q1):  # a failed aged turn does not block P0
+                        if self._held_long_enough(rec, full, now):
+                            q.park(rec)  # the next request of its class gets its turn
+                            progress = True
+                            break
+                        blocked.add(rec.model)
+                    continue
+                q.pop()
+                self.assign(rec, b, now)
+                placed.append((rec, b))
+                if q is q1 and guard:
+                    self._p0_since_aged = 0
+                    self.aged_dispatches += 1
+                elif q is q0 and aged:
+                    self._p0_since_aged += 1
+                progress = True
+                break
+            if not progress:
+                break
+        return placed, dropped

@@ -1,0 +1,102 @@
+"""The one small interface every concurrency-limit algorithm implements.
+
+A limiter belongs to one backend. The controller feeds it samples and scrapes and reads
+`limit` (how many requests may be in flight on the backend) and, when the algorithm keeps a
+KV budget, `kv_budget_tokens` (how many estimated KV tokens may be in flight).
+
+Samples come in two kinds (see `Sample`): the first-token sample (`ttft_s` set, `e2e_s`
+None), sent when the first token arrives, and the end sample (`e2e_s` set; `tpot_s` when
+the request produced two tokens or more; `dropped` for errors, timeouts and backend
+refusals). A cancelled request gives no end sample. First-token and pending samples carry
+`extra["prefill_ahead"]`: the prompt tokens of the requests sent to the backend before
+this one that had no first token yet (the prefill work it queued behind).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol
+
+from sluice.core.types import BackendMetrics, Sample
+
+
+class Limiter(Protocol):
+    @property
+    def limit(self) -> int:
+        """Requests allowed in flight on this backend (at least 1)."""
+        ...
+
+    @property
+    def kv_budget_tokens(self) -> float | None:
+        """Estimated KV tokens allowed in flight, or None for no token budget."""
+        ...
+
+    def on_sample(self, sample: Sample, now: float) -> None: ...
+
+    def on_metrics(self, m: BackendMetrics, now: float) -> None: ...
+
+    def on_metrics_stale(self, now: float) -> None:
+        """The backend's metrics are unknown or too old: forget what they said."""
+        ...
+
+    def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
+        """A request was sent; `inflight` is the backend's new in-flight count."""
+        ...
+
+    def on_release(self, inflight: int, now: float) -> None:
+        """A request left (finished or cancelled); `inflight` is the new count."""
+        ...
+
+    def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
+        """Seconds after sending a request by which its first token is due, given the
+        prompt tokens it waits for (its own plus the prefill ahead of it on the backend);
+        past it the controller reports a pending-TTFT sample (a lower bound,
+        `extra["pending"] = 1`). None = no alarm."""
+        ...
+
+
+class LimiterBase(ABC):
+    """No-op defaults, so an algorithm only writes the callbacks it uses."""
+
+    @property
+    @abstractmethod
+    def limit(self) -> int:
+        """The number of requests the backend may have in flight now."""
+
+    @property
+    def kv_budget_tokens(self) -> float | None:
+        return None
+
+    def on_sample(self, sample: Sample, now: float) -> None:
+        return None
+
+    def on_metrics(self, m: BackendMetrics, now: float) -> None:
+        return None
+
+    def on_metrics_stale(self, now: float) -> None:
+        return None
+
+    def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
+        return None
+
+    def on_release(self, inflight: int, now: float) -> None:
+        return None
+
+    def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
+        return None
+
+
+def request_rtt(sample: Sample) -> float | None:
+    """The whole-request time of an end sample, as the seed's limiter sees it.
+
+    `e2e_s` if set, else an explicit `extra["rtt"]`, else ttft + tpot * (completion - 1).
+    None for a first-token sample or when nothing is known.
+    """
+    if sample.e2e_s is not None:
+        return sample.e2e_s
+    rtt = sample.extra.get("rtt")
+    if rtt is not None:
+        return rtt
+    if sample.ttft_s is not None and sample.tpot_s is not None and sample.completion_tokens:
+        return sample.ttft_s + sample.tpot_s * (sample.completion_tokens - 1)
+    return None

@@ -1,0 +1,411 @@
+"""`sluice`: Sluice's default limiter (docs/limiter.md explains the design and why).
+
+Signals, from fastest to slowest:
+  * TTFT of each request at its first token, against what the backend's current state
+    explains: E = step_wait * step + base * (prefill_ahead + prompt_tokens + fixed), where
+    `step` is the TPOT EWMA (the engine's current step time: a new request waits for the
+    step in progress, then its prefill shares steps with the running decodes),
+    `prefill_ahead` the prompt tokens sent to the backend before it still without a first
+    token (a short prompt behind a long one waits for that prefill: head-of-line
+    blocking, not congestion), and `base` the per-token TTFT of a request's own prompt,
+    a windowed minimum re-measured every probe interval with jitter (never a minimum kept
+    forever). The
+    ratio x = ttft / E is about 1 without queueing at any load; its EWMA `short` jumps
+    when the backend starts queueing requests.
+  * A pending TTFT: a request still without its first token after ttft_alarm_ratio * E;
+    the controller reports it, so a backend that starts queueing is seen before its first
+    slow answer returns.
+  * TPOT of each request at its end (EWMA), against a target: the larger of
+    `tpot_target_s` (30 ms: the EWMA is a mean, kept well inside the 100 ms interactive
+    SLO so that its tail and long answers stay inside too) and tpot_base_ratio * its
+    windowed-min base (a slow model is not held at the minimum).
+  * Drops (error, timeout, backend refusal).
+  * Each metrics scrape: waiting > waiting_tolerance on two scrapes in a row (a request
+    that arrived since the last engine step is waiting for a moment at any load), KV
+    usage >= kv_high, a rising
+    preemption counter, or (when waiting is not exported) more requests in flight than
+    the backend runs: hard congestion.
+
+Control:
+  * Cut (limit *= decrease) when: short > ttft_jump (queueing starts), a pending TTFT,
+    TPOT EWMA > its target, a drop, or hard congestion. At most once per
+    `cut_interval_s`; a latency or drop sample only cuts when its request was sent after
+    the last cut (older ones describe the old limit); a hard signal only cuts when
+    in-flight <= limit (the last cut has taken effect). One burst of bad signals costs one
+    cut, not a collapse to the minimum.
+  * Grow only on a good first-token sample (short <= ttft_grow_below, TPOT EWMA <=
+    tpot_grow_below * target, no hard signal in the last scrape, KV usage below kv_low)
+    and only while in-flight >= near_limit * usable_share * limit (usable_share = 1 -
+    reserved.p0: what queued P1/P2 requests may fill): +1 per sample until the first cut
+    (slow start: the limit can follow the arrivals), then +min(1, growth / sqrt(limit)).
+  * KV budget: when the backend reports its KV capacity (blocks x block size, or in tokens),
+    in-flight estimated KV tokens may not exceed kv_budget_fraction of capacity (the
+    dispatcher checks it per request), and the limit is also capped at budget / footprint,
+    the footprint being the larger of the EWMA of the requests dispatched here and, when the
+    controller provides it (`demand_footprint`), the EWMA of the requests being admitted for
+    this backend's models: the mix that comes next. So the limit falls as soon as long
+    prompts arrive, not once the short ones queued before them have been sent, and rises
+    back only once the long ones queued have been sent.
+  * Engine cap: an engine that refuses requests beyond a number in flight (TGI's
+    max_concurrent_requests, from its /info) caps the limit there.
+  * Shared backends (several gateway replicas, each with its own limiters): on each
+    fresh scrape the others' requests (running + waiting beyond our in-flight count) are
+    counted at our mean footprint, and at least as the usage that is not ours; we claim
+    our share of the room left within the budget (our in-flight count over the
+    backend's, at least kv_claim_floor), so replicas that all see the same scrape claim
+    it once between them, and an excess is handed back the same way. The whole budget
+    is ours only after `alone_after_scrapes` scrapes in a row showed our requests there
+    and nobody else's; until then, and on an idle backend, the floor share (a scrape
+    shows the engine as of its last step: replicas that start sending at once into an
+    idle backend must not each take all of it). Held until the next scrape: a request
+    of ours that leaves frees its room to us at once, another replica's only when a
+    scrape shows it gone. Without those metrics the budget is the whole fraction.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from sluice.core.ewma import Ewma
+from sluice.core.limiters.base import LimiterBase
+from sluice.core.limiters.windowed_min import WindowedMin
+from sluice.core.types import BackendMetrics, Sample
+
+
+class SluiceLimiter(LimiterBase):
+    def __init__(
+        self,
+        min_limit: int,
+        max_limit: int,
+        initial_limit: int,
+        *,
+        prompt_fixed_tokens: float = 64.0,
+        step_wait: float = 1.5,
+        ttft_alpha: float = 0.5,
+        ttft_grow_below: float = 1.5,
+        ttft_jump: float = 3.0,
+        ttft_alarm_ratio: float = 4.0,
+        tpot_alpha: float = 0.3,
+        tpot_target_s: float = 0.03,
+        tpot_base_ratio: float = 3.0,
+        tpot_grow_below: float = 0.8,
+        decrease: float = 0.8,
+        cut_interval_s: float = 0.25,
+        near_limit: float = 0.8,
+        usable_share: float = 1.0,
+        growth: float = 4.0,
+        probe_interval_s: float = 30.0,
+        probe_jitter: float = 0.5,
+        kv_high: float = 0.9,
+        kv_low: float = 0.8,
+        waiting_tolerance: float = 0.0,
+        kv_budget_fraction: float = 0.8,
+        footprint_alpha: float = 0.5,
+        kv_claim_floor: float = 0.25,
+        alone_after_scrapes: int = 2,
+        demand_footprint: Callable[[], float | None] | None = None,
+        seed: int | str = 0,
+    ) -> None:
+        if not 1 <= min_limit <= initial_limit <= max_limit:
+            raise ValueError("need 1 <= min_limit <= initial_limit <= max_limit")
+        if not 0 < decrease < 1:
+            raise ValueError("decrease must be in (0, 1)")
+        if not 0 < kv_claim_floor <= 1:
+            raise ValueError("kv_claim_floor must be in (0, 1]")
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.prompt_fixed_tokens = prompt_fixed_tokens
+        self.step_wait = step_wait
+        self.ttft_grow_below = ttft_grow_below
+        self.ttft_jump = ttft_jump
+        self.ttft_alarm_ratio = ttft_alarm_ratio
+        self.tpot_target_s = tpot_target_s
+        self.tpot_base_ratio = tpot_base_ratio
+        self.tpot_grow_below = tpot_grow_below
+        self.decrease = decrease
+        self.cut_interval_s = cut_interval_s
+        self.near_limit = near_limit
+        # the share of the limit queued P1/P2 requests may use (1 - reserved.p0): "near
+        # the limit" is judged against it, or an idle P0 reservation would stop growth
+        self.usable_share = usable_share
+        self.growth = growth
+        self.kv_high = kv_high
+        self.kv_low = kv_low
+        self.waiting_tolerance = waiting_tolerance
+        self._waiting_before = False
+        self.kv_budget_fraction = kv_budget_fraction
+
+        rng = random.Random(seed)
+        self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
+        self._tpot_base = WindowedMin(probe_interval_s, probe_jitter, rng)
+        self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
+        self._tpot = Ewma(tpot_alpha)
+        self._footprint = Ewma(footprint_alpha)
+        # the footprint of the requests being admitted for this backend (forward-looking)
+        self._demand = demand_footprint
+
+        self._limit = float(initial_limit)
+        self._effective = initial_limit
+        self._slow_start = True
+        self._last_cut_at = -math.inf
+        self._inflight = 0
+        self._kv_capacity: float | None = None
+        self._kv_usage: float | None = None
+        # Estimated KV tokens this replica has in flight on the backend; the controller
+        # sets it before each on_metrics, so the scrape's usage can be split into ours
+        # and other replicas'.
+        self.own_kv_tokens = 0.0
+        self.kv_claim_floor = kv_claim_floor
+        self.alone_after_scrapes = alone_after_scrapes
+        self._alone_scrapes = 0  # fresh scrapes in a row that showed only ours there
+        self._share = kv_claim_floor  # of the room, as the last scrape set it
+        self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
+        self._hard = False  # the last scrape showed hard congestion
+        self._preemptions_seen: float | None = None
+        self._engine_cap: int | None = None  # requests the engine accepts at once
+        self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
+        self.last_cut_reason = ""
+        self.cut_reasons: dict[str, int] = {}
+
+    # -- what the controller reads ---------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        return self._effective
+
+    @property
+    def kv_budget_tokens(self) -> float | None:
+        cap = self._kv_capacity
+        if cap is None:
+            return None
+        full = cap * self.kv_budget_fraction
+        shared = self._kv_scrape_budget
+        return full if shared is None else shared
+
+    @property
+    def latency_limit(self) -> float:
+        """The limit before the KV cap (for inspection)."""
+        return self._limit
+
+    @property
+    def ttft_base(self) -> float | None:
+        """Base normalised TTFT in seconds per token (for inspection)."""
+        return self._ttft_base.peek()
+
+    @property
+    def ttft_ratio(self) -> float | None:
+        """EWMA of TTFT over its expected value (for inspection)."""
+        return self._ttft.value
+
+    def expected_ttft(self, prefill_tokens: float) -> float | None:
+        """TTFT the backend's state explains for a request waiting for this prefill (its
+        own prompt and the prefill ahead of it); None before any TTFT was seen."""
+        base = self._ttft_base.peek()
+        return None if base is None else self._expected(prefill_tokens, base)
+
+    def _expected(self, prefill_tokens: float, base: float) -> float:
+        step = self._tpot.value or 0.0
+        return self.step_wait * step + base * (prefill_tokens + self.prompt_fixed_tokens)
+
+    def tpot_target(self, now: float) -> float:
+        """TPOT above which the limit is cut."""
+        base = self._tpot_base.value(now)
+        rel = 0.0 if base is None else base * self.tpot_base_ratio
+        return max(self.tpot_target_s, rel)
+
+    def describe(self) -> dict[str, object]:
+        """Internal state for the snapshot (JSON-able)."""
+        return {
+            "latency_limit": self._limit,
+            "slow_start": self._slow_start,
+            "cuts": self.cuts,
+            "last_cut_reason": self.last_cut_reason,
+            "cut_reasons": dict(self.cut_reasons),
+            "ttft_base_s_per_token": self._ttft_base.peek(),
+            "ttft_ratio_ewma": self._ttft.value,
+            "tpot_base_s": self._tpot_base.peek(),
+            "tpot_ewma_s": self._tpot.value,
+            "kv_capacity_tokens": self._kv_capacity,
+            "kv_budget_tokens": self.kv_budget_tokens,
+            "footprint_dispatched": self._footprint.value,
+            "footprint_admitted": None if self._demand is None else self._demand(),
+        }
+
+    def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
+        expected = self.expected_ttft(prefill_tokens)
+        return None if expected is None else self.ttft_alarm_ratio * expected
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
+        self._inflight = inflight
+        self._footprint.update(float(footprint_tokens))
+        if self._kv_capacity is not None:
+            self._recompute()
+
+    def on_release(self, inflight: int, now: float) -> None:
+        self._inflight = inflight
+        if self._demand is not None and self._kv_capacity is not None:
+            self._recompute()  # the admitted mix may have changed since the last event
+
+    def on_sample(self, sample: Sample, now: float) -> None:
+        if sample.dropped:
+            self._cut(now, sample.sent_at, "drop")
+            return
+        if sample.extra.get("pending"):
+            self._cut(now, sample.sent_at, "ttft-pending")
+            return
+        if sample.e2e_s is None:
+            if sample.ttft_s is not None:
+                self._on_ttft(sample, now)
+            return
+        if sample.tpot_s is not None and sample.tpot_s > 0:
+            self._tpot_base.update(sample.tpot_s, now)
+            ewma = self._tpot.update(sample.tpot_s)
+            if ewma > self.tpot_target(now):
+                self._cut(now, sample.sent_at, "tpot")
+                return
+        if sample.ttft_s is None:
+            # No first-token sample came for this request (non-streaming): the end is its
+            # only chance to count as evidence that the limit can grow.
+            self._maybe_grow(now)
+
+    def _on_ttft(self, sample: Sample, now: float) -> None:
+        ttft: float = sample.ttft_s  # type: ignore[assignment]
+        work = sample.prompt_tokens + sample.extra.get("prefill_ahead", 0.0)
+        # judged against the base before this sample (a jump is not its own base), once
+        # the base window has moved on to `now`
+        base = self._ttft_base.value(now)
+        # the base learns from the request's own prompt only: an engine that prefills
+        # several prompts in one step would otherwise drag it toward zero
+        self._ttft_base.update(ttft / (sample.prompt_tokens + self.prompt_fixed_tokens), now)
+        if not base:
+            return
+        expected = self._expected(work, base)
+        short = self._ttft.update(ttft / expected)
+        if short > self.ttft_jump:
+            self._cut(now, sample.sent_at, "ttft")
+        elif short <= self.ttft_grow_below:
+            self._maybe_grow(now)
+
+    def on_metrics(self, m: BackendMetrics, now: float) -> None:
+        capacity = m.kv_capacity
+        if capacity:
+            self._kv_capacity = capacity
+        self._kv_usage = m.kv_usage
+        self._engine_cap = m.max_concurrency
+        self._kv_scrape_budget = self._shared_budget(m)
+        reason = ""
+        # A request that arrived since the engine's last step shows as waiting until the
+        # next one: normal at any load. Queueing is waiting seen on two scrapes in a row.
+        waiting = m.waiting is not None and m.waiting > self.waiting_tolerance
+        if waiting and self._waiting_before:
+            reason = "waiting"
+        elif m.kv_usage is not None and m.kv_usage >= self.kv_high:
+            reason = "kv"
+        elif (
+            m.waiting is None
+            and m.running is not None
+            and self._inflight - m.running > max(2.0, 0.1 * self._inflight)
+        ):
+            reason = "inflight>running"
+        if m.preemptions_total is not None:
+            seen = self._preemptions_seen
+            if seen is not None and m.preemptions_total > seen and not reason:
+                reason = "preemption"
+            self._preemptions_seen = m.preemptions_total
+        self._waiting_before = waiting
+        # A single waiting scrape does not cut, but it is no time to grow either.
+        self._hard = bool(reason) or waiting
+        if reason and self._inflight <= self._effective:
+            self._cut(now, None, reason)
+        self._recompute()
+
+    def _shared_budget(self, m: BackendMetrics) -> float | None:
+        """The KV budget while other replicas may use the backend too; None (the whole
+        budget) once scrapes have shown our requests alone there, or without metrics."""
+        cap = self._kv_capacity
+        if cap is None or m.kv_usage is None or m.running is None:
+            return None
+        n = self._inflight
+        on_backend = m.running + (m.waiting or 0.0)
+        alone = n > 0 and on_backend <= n  # every request there is ours
+        self._alone_scrapes = self._alone_scrapes + 1 if alone else 0
+        if self._alone_scrapes >= self.alone_after_scrapes:
+            self._share = 1.0
+            return None
+        full = cap * self.kv_budget_fraction
+        own = self.own_kv_tokens
+        # The others' requests in footprints, as ours are counted (what they will hold
+        # by their end, waiting ones included): by count at our mean footprint, and at
+        # least the usage that is not ours.
+        per_request = own / n if n else (self._footprint.value or 0.0)
+        others = max(0.0, (on_backend - n) * per_request, m.kv_usage * cap - own)
+        room = full - own - others
+        # Our share of the room: our part of the requests there. An idle backend tells
+        # nothing about who else starts sending now: the floor share. A scrape that
+        # shows only ours, but not yet `alone_after_scrapes` times in a row, keeps the
+        # share we had (the others' requests may not show yet: a scrape shows the engine
+        # as of its last step), so replicas starting together on an idle backend stay
+        # at the floor until they see each other.
+        if n == 0:
+            share = self.kv_claim_floor
+        elif alone:
+            share = self._share
+        else:
+            share = max(self.kv_claim_floor, n / on_backend)
+        self._share = share
+        return min(full, max(0.0, own + share * room))
+
+    def on_metrics_stale(self, now: float) -> None:
+        # Latency-only control: forget what the last scrape said (capacity is static).
+        self._kv_usage = None
+        self._kv_scrape_budget = None
+        self._alone_scrapes = 0
+        self._hard = False
+        self._preemptions_seen = None
+
+    # -- control ---------------------------------------------------------------------
+
+    def _cut(self, now: float, sent_at: float | None, reason: str) -> None:
+        if sent_at is not None and sent_at < self._last_cut_at:
+            return  # this request was sent under the old limit
+        if now - self._last_cut_at < self.cut_interval_s:
+            return
+        self._limit = max(float(self.min_limit), self._limit * self.decrease)
+        self._last_cut_at = now
+        self._slow_start = False
+        self.cuts += 1
+        self.last_cut_reason = reason
+        self.cut_reasons[reason] = self.cut_reasons.get(reason, 0) + 1
+        self._recompute()
+
+    def _maybe_grow(self, now: float) -> None:
+        if self._hard:
+            return
+        if self._kv_usage is not None and self._kv_usage >= self.kv_low:
+            return
+        if self._inflight < self.near_limit * max(1.0, self.usable_share * self._limit):
+            return
+        tpot = self._tpot.value
+        if tpot is not None and tpot > self.tpot_grow_below * self.tpot_target(now):
+            return
+        step = 1.0 if self._slow_start else min(1.0, self.growth / math.sqrt(self._limit))
+        self._limit = min(float(self.max_limit), self._limit + step)
+        self._recompute()
+
+    def _recompute(self) -> None:
+        eff = math.floor(self._limit)
+        budget = self.kv_budget_tokens
+        fp = self._footprint.value
+        if self._demand is not None:
+            ahead = self._demand()
+            if ahead is not None and (fp is None or ahead > fp):
+                fp = ahead
+        if budget is not None and fp:
+            eff = min(eff, math.floor(budget / fp))
+        if self._engine_cap:
+            eff = min(eff, self._engine_cap)
+        self._effective = max(self.min_limit, eff)

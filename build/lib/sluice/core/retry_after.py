@@ -1,0 +1,139 @@
+"""Retry-After: when a refused client that comes back will find room.
+
+Rates are time-decayed EWMAs (`DecayingRate`, time constant tau_s), per class: mu_c,
+requests dispatched per second, and lambda_c, attempts arriving per second (admitted or
+refused: the demand that competes for room when room appears).
+
+A refusal in class c says how far its queue must drain before a newcomer is accepted
+(the "excess", at least 1 request; `refusal_excess`): queue_full: queued - maxQueueSize +
+1; shed_on_pressure and queue_timeout: queued - patience * mu_c; fast_reject: all queued
+- the backlog at which pressure falls below fastRejectAbove. Room appears as fast as the
+class and the classes above it drain, net of what keeps arriving in them:
+
+    A = c and the classes above it;  net = mu_A - lambda_A
+    nothing dispatched at all (sum of all mu < min_rate):  t = timeout_c
+    net > 0:                                                 t = excess / net
+    net <= 0 (demand above what is served: no room will appear until it falls):
+                                                             t = max_s
+    t = clamp(t, min_s, max_s)     (defaults 0.1 s and 60 s)
+
+With no competing arrivals this is the class queue's drain time, position over dispatch
+rate; a class not served at all (mu_c = 0) drains when the classes above do, which the
+sum over A captures. Under overload the answer is long on purpose: a client told to come
+back while demand still exceeds capacity would only be refused again.
+
+The predicted wait of an admitted newcomer (for early-drop-on-pressure) is different:
+later arrivals of its class do not overtake it, so it is position / mu_c, or, for a class
+not being served, (queued above + position) / sum of all mu; inf when nothing moves. It
+is used only once the estimator is warm (dispatches observed for at least tau_s), so a
+cold gateway does not shed on rates it has not measured.
+
+The shell sends `Retry-After: clamp(ceil(t), 1, 60)` and `retry-after-ms: round(t*1000)`
+(`header_values`). Tenant quotas compute their own value from the quota window.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sluice.core.ewma import DecayingRate
+from sluice.core.types import RejectCode
+
+
+def header_values(retry_after_s: float) -> tuple[int, int]:
+    """(Retry-After whole seconds in [1, 60], retry-after-ms)."""
+    t = min(60.0, max(0.0, retry_after_s))
+    return max(1, min(60, math.ceil(t))), max(1, round(t * 1000))
+
+
+def refusal_excess(
+    code: RejectCode | None,
+    *,
+    queued: int,
+    max_queue_size: int,
+    patience_s: float,
+    class_rate: float,
+    queued_total: int,
+    limit_total: int,
+    fast_reject_above: float,
+) -> float:
+    """How many requests the queue must lose before a newcomer refused for `code` would be
+    accepted (at least 1)."""
+    excess: float
+    if code is RejectCode.QUEUE_FULL:
+        excess = float(queued - max_queue_size + 1)
+    elif code is RejectCode.FAST_REJECT:
+        # pressure = 0.5 * use + 0.5 * backlog: with every slot in use it falls below the
+        # threshold once the backlog is under (2 * threshold - 1) of the limits
+        excess = queued_total - max(0.0, 2.0 * fast_reject_above - 1.0) * limit_total
+    elif code in (RejectCode.SHED_ON_PRESSURE, RejectCode.QUEUE_TIMEOUT):
+        # accepted again once what is ahead drains within its patience
+        excess = queued - max(0.0, patience_s) * class_rate
+    else:
+        excess = float(queued)
+    return max(1.0, excess)
+
+
+class DrainEstimator:
+    def __init__(
+        self,
+        priorities: int = 3,
+        *,
+        tau_s: float = 2.0,
+        min_rate: float = 1.0 / 60.0,
+        min_s: float = 0.1,
+        max_s: float = 60.0,
+    ) -> None:
+        self._rates = [DecayingRate(tau_s) for _ in range(priorities)]
+        self._arrivals = [DecayingRate(tau_s) for _ in range(priorities)]
+        self.tau_s = tau_s
+        self.min_rate = min_rate
+        self.min_s = min_s
+        self.max_s = max_s
+        self._first_at: float | None = None
+
+    def record_dispatch(self, priority: int, now: float) -> None:
+        if self._first_at is None:
+            self._first_at = now
+        self._rates[priority].record(now)
+
+    def record_arrival(self, priority: int, now: float) -> None:
+        self._arrivals[priority].record(now)
+
+    def warm(self, now: float) -> bool:
+        """Dispatches have been observed for at least tau_s: the rates mean something."""
+        return self._first_at is not None and now - self._first_at >= self.tau_s
+
+    def rate(self, priority: int, now: float) -> float:
+        return self._rates[priority].rate(now)
+
+    def arrival_rate(self, priority: int, now: float) -> float:
+        return self._arrivals[priority].rate(now)
+
+    def wait_estimate(self, priority: int, now: float, *, ahead: int, queued_above: int) -> float:
+        """Predicted wait of an admitted newcomer with `ahead` requests before it in its
+        class; inf when nothing is being dispatched at all."""
+        rate = self._rates[priority].rate(now)
+        if rate >= self.min_rate:
+            return ahead / rate
+        total = sum(r.rate(now) for r in self._rates)
+        if total >= self.min_rate:
+            return (queued_above + ahead) / total
+        return math.inf
+
+    def retry_after(self, priority: int, now: float, *, excess: float, timeout_s: float) -> float:
+        """Retry-After in seconds (the rule in the module docstring)."""
+        mu = lam = total = 0.0
+        for p, (d, a) in enumerate(zip(self._rates, self._arrivals, strict=True)):
+            r = d.rate(now)
+            total += r
+            if p <= priority:
+                mu += r
+                lam += a.rate(now)
+        if total < self.min_rate:
+            t = timeout_s
+        elif mu - lam > 0:
+            t = excess / (mu - lam)
+        else:
+            t = self.max_s
+        return min(self.max_s, max(self.min_s, t))

@@ -1,0 +1,385 @@
+"""Relaying one request to its backend and the answer back to the client.
+
+Streams are relayed event by event as they arrive (never buffered whole). A client that
+goes away closes the upstream connection at once, which makes vLLM abort the request and
+free its KV-cache blocks. An upstream failure after streaming began ends the stream with an
+error event the client can see, never a silent cut.
+
+Whose fault: only what the backend did or failed to do counts against it (`backend_lost`,
+`Outcome.ERROR`). A client's hang-up, at any point (while its request is sent upstream,
+before the answer's head, between two events, or after `data: [DONE]` before the chunked
+terminator, as httpx and guidellm do), is the client's: every write to the client goes
+through `_ClientWriter`, which turns a failed write into the client's cancellation
+(or, once the whole answer was written, into nothing: the stream is complete).
+
+What a client is told of a failure names no internals unless `expose.errorDetails` says
+so: the kind of failure, not the backend's host:port nor the HTTP client's own words."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from sluice.core.types import Outcome
+from sluice.gateway.backend_pool import BackendHandle, warn_credentials_refused
+from sluice.gateway.errors import error_body, error_response, retry_after_headers
+from sluice.gateway.telemetry import Telemetry
+from sluice.gateway.upstream_deadline import UpstreamDeadline
+
+_EVENT_END = b"\n\n"
+_USAGE_ONLY = b'"choices":[]'
+_ERROR_EVENT = b'data: {"error"'
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class RelayContext:
+    request: web.Request
+    request_id: str
+    priority: int
+    backend: BackendHandle
+    path: str
+    body: bytes
+    stream: bool
+    strip_usage: bool  # the gateway asked for usage; the client did not
+    headers: dict[str, str]
+    started: float  # time.monotonic() at arrival
+    deadline: float | None  # time.monotonic() scale
+    default_timeout: float
+    error_details: bool = False  # name the backend and the transport error to the client
+
+
+@dataclass(slots=True)
+class RelayResult:
+    response: web.StreamResponse
+    outcome: Outcome
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    # The backend refused the connection or cut it: it is probably gone.
+    backend_lost: bool = False
+    # Failed before anything reached the client: another backend may try it.
+    retryable: bool = False
+
+
+class Relay:
+    def __init__(self, session: aiohttp.ClientSession, telemetry: Telemetry) -> None:
+        self._session = session
+        self._telemetry = telemetry
+
+    async def forward(self, ctx: RelayContext, on_first_token: Callable[[], None]) -> RelayResult:
+        timeout = ctx.default_timeout
+        if ctx.deadline is not None:
+            timeout = min(timeout, ctx.deadline - time.monotonic())
+        # only a stream's relay changes it: an answer relayed whole shares one that stays
+        state = _StreamState() if ctx.stream else _WHOLE_ANSWER
+        url = ctx.backend.url + ctx.path
+        # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
+        headers = {**ctx.backend.post_headers, "X-Request-Id": ctx.request_id}
+        if (trace := ctx.request.headers.get("traceparent")) is not None:
+            # W3C trace context, the one client header passed on: vLLM's spans (with
+            # --otlp-traces-endpoint) join the client's trace
+            headers["traceparent"] = trace
+            if (trace_state := ctx.request.headers.get("tracestate")) is not None:
+                headers["tracestate"] = trace_state
+        deadline = UpstreamDeadline(max(0.001, timeout))
+        timed_out = False
+        try:
+            try:
+                async with self._session.post(url, data=ctx.body, headers=headers) as up:
+                    if up.status != 200:
+                        return await self._backend_refused(ctx, up)
+                    if ctx.stream:
+                        return await self._relay_stream(ctx, up, on_first_token, state)
+                    return await self._relay_body(ctx, up)
+            finally:
+                timed_out = deadline.settle()
+        except TimeoutError:
+            # aiohttp's connect timeout
+            return await self._timed_out(ctx, state)
+        except asyncio.CancelledError:
+            if timed_out:
+                # the request's deadline; leaving the `async with` closed the connection
+                return await self._timed_out(ctx, state)
+            # The client hung up: leaving the `async with` closed the upstream connection,
+            # which makes vLLM abort the request.
+            self._telemetry.aborts.labels(ctx.backend.name).inc()
+            raise
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            if timed_out:  # aiohttp made the deadline's cancellation an error of its own
+                return await self._timed_out(ctx, state)
+            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnect"
+            self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
+            plain = (
+                "The backend could not be reached."
+                if kind == "connect"
+                else "The backend closed the connection."
+            )
+            result = await self._fail(
+                ctx, state, 502, _detailed(ctx, plain, exc), "upstream_error", Outcome.ERROR
+            )
+            result.backend_lost = True
+            return result
+        except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError, OSError) as exc:
+            if timed_out:
+                return await self._timed_out(ctx, state)
+            if state.client_gone:
+                raise
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "stream").inc()
+            result = await self._fail(
+                ctx,
+                state,
+                502,
+                _detailed(ctx, "The backend's answer broke off.", exc),
+                "upstream_error",
+                Outcome.ERROR,
+            )
+            result.backend_lost = True
+            return result
+
+    async def _timed_out(self, ctx: RelayContext, state: _StreamState) -> RelayResult:
+        self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
+        return await self._fail(
+            ctx,
+            state,
+            504,
+            "The backend did not answer within the request's deadline.",
+            "upstream_timeout",
+            Outcome.TIMEOUT,
+        )
+
+    async def _relay_body(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+        data = await up.read()
+        usage = _usage_of(data)
+        response = web.Response(
+            body=data,
+            status=200,
+            headers={
+                **ctx.headers,
+                "Content-Type": up.headers.get("Content-Type", "application/json"),
+            },
+        )
+        return RelayResult(response, Outcome.OK, *usage)
+
+    async def _relay_stream(
+        self,
+        ctx: RelayContext,
+        up: aiohttp.ClientResponse,
+        on_first_token: Callable[[], None],
+        state: _StreamState,
+    ) -> RelayResult:
+        pending = b""
+        usage: tuple[int | None, int | None] = (None, None)
+        response: web.StreamResponse | None = None
+        async for chunk in up.content.iter_any():
+            # Relay whole events only; a chunk usually is exactly that (no copy then).
+            if pending:
+                chunk, pending = pending + chunk, b""
+            if not chunk.endswith(_EVENT_END):
+                end = chunk.rfind(_EVENT_END)
+                if end < 0:
+                    pending = chunk
+                    continue
+                chunk, pending = chunk[: end + 2], chunk[end + 2 :]
+            if response is None:
+                if chunk.startswith(_ERROR_EVENT):
+                    # vLLM's own admission control answers a stream with HTTP 200 and an
+                    # error event: that is an overload signal, not a success to relay.
+                    return _overloaded(ctx, _error_message(chunk))
+                on_first_token()
+                response = state.response = web.StreamResponse(
+                    status=200,
+                    headers={
+                        **ctx.headers,
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                    },
+                )
+                await _client(state, response.prepare(ctx.request))
+            if _USAGE_ONLY in chunk:
+                chunk, usage = _take_usage(chunk, ctx.strip_usage)
+            await _client(state, response.write(chunk))
+        if response is None:
+            raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
+        if pending:
+            await _client(state, response.write(pending))
+        # Everything the backend sent has been written: a client that hangs up now (before
+        # the chunked terminator, as httpx and guidellm do after `data: [DONE]`) has its
+        # whole answer. Not a failure of anyone's.
+        with contextlib.suppress(*_CLIENT_GONE):
+            await response.write_eof()
+        return RelayResult(response, Outcome.OK, *usage)
+
+    async def _backend_refused(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+        data = await up.read()
+        if up.status in (429, 503):
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
+            return _overloaded(ctx, _error_message(data))
+        if up.status in (401, 403):
+            # The gateway sends no client credentials upstream: the backend refused the
+            # gateway's own key (backends[].apiKeyEnv), which no client can fix.
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "auth").inc()
+            warn_credentials_refused(ctx.backend.name, up.status)
+            which = f"The backend {ctx.backend.name}" if ctx.error_details else "A backend"
+            message = (
+                f"{which} refused the gateway's credentials "
+                f"(HTTP {up.status}); its key is set with backends[].apiKeyEnv."
+            )
+            return RelayResult(
+                error_response(502, message, "upstream_auth", ctx.headers),
+                Outcome.ERROR,
+                retryable=True,
+            )
+        if 400 <= up.status < 500:
+            # The client's mistake (prompt too long, bad field): relay it as the backend gave it.
+            response = web.Response(
+                body=data,
+                status=up.status,
+                headers={
+                    **ctx.headers,
+                    "Content-Type": up.headers.get("Content-Type", "application/json"),
+                },
+            )
+            return RelayResult(response, Outcome.CLIENT_ERROR)
+        self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
+        message = f"The backend answered HTTP {up.status}."
+        if ctx.error_details:
+            message = f"The backend {ctx.backend.name} answered HTTP {up.status}: "
+            message += _error_message(data)
+        return RelayResult(
+            error_response(502, message, "upstream_error", ctx.headers),
+            Outcome.ERROR,
+            retryable=True,
+        )
+
+    async def _fail(
+        self,
+        ctx: RelayContext,
+        state: _StreamState,
+        status: int,
+        message: str,
+        code: str,
+        outcome: Outcome,
+    ) -> RelayResult:
+        if state.response is None:
+            return RelayResult(
+                error_response(status, message, code, ctx.headers),
+                outcome,
+                retryable=outcome is Outcome.ERROR,
+            )
+        # Streaming already began: end the stream with an error event the client can see.
+        event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
+        with contextlib.suppress(*_CLIENT_GONE, asyncio.CancelledError):
+            await state.response.write(event)
+            await state.response.write_eof()
+        return RelayResult(state.response, outcome)
+
+
+@dataclass(slots=True)
+class _StreamState:
+    response: web.StreamResponse | None = None
+    client_gone: bool = False
+
+
+_WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
+
+# What a write to a client that went away raises: aiohttp's ClientConnectionResetError
+# (a ConnectionResetError) on a closing transport, another ConnectionError or OSError
+# from the socket, RuntimeError for a write after the connection was torn down.
+_CLIENT_GONE = (ConnectionError, OSError, RuntimeError)
+
+
+async def _client(state: _StreamState, write: Awaitable[object]) -> None:
+    """A write to the client. If the client went away, that is the client's hang-up:
+    raised as its cancellation (the handler's own, when aiohttp notices first), never as
+    an error that could count against the backend."""
+    try:
+        await write
+    except _CLIENT_GONE:
+        state.client_gone = True
+        raise asyncio.CancelledError from None
+
+
+def _detailed(ctx: RelayContext, plain: str, exc: BaseException) -> str:
+    """What the client is told of an upstream failure: the kind only, unless the policy
+    exposes details (backend name, transport error)."""
+    if not ctx.error_details:
+        return plain
+    return f"{plain[:-1]} (backend {ctx.backend.name}: {exc})."
+
+
+def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
+    message = "The backend is overloaded; retry shortly."
+    if ctx.error_details:
+        message = f"The backend {ctx.backend.name} is overloaded ({detail}); retry shortly."
+    headers = {**ctx.headers, **retry_after_headers(1.0)}
+    return RelayResult(
+        error_response(503, message, "backend_overloaded", headers),
+        Outcome.OVERLOADED,
+        retryable=True,
+    )
+
+
+def _error_message(data: bytes) -> str:
+    text = data.removeprefix(b"data: ").split(b"\n\n", 1)[0]
+    try:
+        body = orjson.loads(text)
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"][:500]
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            return body["message"][:500]
+    except orjson.JSONDecodeError:
+        pass
+    return text[:200].decode("utf-8", "replace")
+
+
+def _usage_of(data: bytes) -> tuple[int | None, int | None]:
+    """The token counts of an answer's `usage` object. Fast path: parse only the last
+    `"usage": {...}` (a raw `"usage"` is a key: inside a JSON string its quotes would be
+    escaped); anything unexpected there falls back to parsing the whole answer."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
+        return None, None
+    start = data.find(b"{", at)
+    end = data.find(b"}", start)
+    if start > 0 and end > 0 and data[at + 7 : start].strip() == b":":
+        try:
+            usage = orjson.loads(data[start : end + 1])
+        except orjson.JSONDecodeError:
+            usage = None  # nested objects inside usage
+        if type(usage) is dict and "prompt_tokens" in usage:
+            return _count(usage["prompt_tokens"]), _count(usage.get("completion_tokens"))
+    try:
+        usage = orjson.loads(data).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None, None
+    if not isinstance(usage, dict):
+        return None, None
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: object) -> int | None:
+    # exactly int: not a bool (orjson makes no other int subclass)
+    return value if type(value) is int else None
+
+
+def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
+    """Read the usage-only event's counts, and cut it out when the client did not ask."""
+    kept = []
+    usage: tuple[int | None, int | None] = (None, None)
+    for event in events.split(_EVENT_END):
+        if not event:
+            continue
+        if _USAGE_ONLY in event and event.startswith(b"data: {"):
+            usage = _usage_of(event[6:])
+            if strip:
+                continue
+        kept.append(event + _EVENT_END)
+    return b"".join(kept), usage
