@@ -1,9 +1,12 @@
 """Real mode's time series stay one value per sample time when a scrape of the gateway
-fails (a starved gateway misses the bench's 2 s timeout): the sample repeats the gateway's
-last answer, so the plots and results.json keep aligned columns (a failed scrape once
-left the limit column one short and `sluice bench --mode real` died plotting it)."""
+fails (a starved gateway misses the bench's 2 s timeout: the sample repeats the gateway's
+last answer) and when the run ends during a sample (the monitor is cancelled while it
+waits for the gateway: nothing of that sample is kept). Either once left a column one
+short, and `sluice bench --mode real` died plotting it."""
 
 from __future__ import annotations
+
+import asyncio
 
 import aiohttp
 from aiohttp import web
@@ -25,8 +28,10 @@ sluice_pressure 0.25
 """
 
 
-async def test_a_failed_gateway_scrape_repeats_its_last_answer() -> None:
+async def test_every_column_keeps_one_value_per_sample_through_failures_and_the_end() -> None:
     calls = {"n": 0}
+    state_asked = asyncio.Event()
+    hold = asyncio.Event()
 
     async def sim(_: web.Request) -> web.Response:
         return web.Response(text=SIM_METRICS)
@@ -37,9 +42,16 @@ async def test_a_failed_gateway_scrape_repeats_its_last_answer() -> None:
             return web.Response(status=503)
         return web.Response(text=GATEWAY_METRICS)
 
+    async def admin_state(_: web.Request) -> web.Response:
+        if calls["n"] == 4:  # the fourth sample: the run ends while it waits
+            state_asked.set()
+            await hold.wait()
+        return web.Response(status=404)
+
     app = web.Application()
     app.router.add_get("/sim/metrics", sim)
     app.router.add_get("/gw/metrics", gateway)
+    app.router.add_get("/gw/admin/state", admin_state)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -56,10 +68,15 @@ async def test_a_failed_gateway_scrape_repeats_its_last_answer() -> None:
             arm_runner.session = session
             for _ in range(3):
                 await arm_runner._sample()
+            cut = asyncio.create_task(arm_runner._sample())
+            await asyncio.wait_for(state_asked.wait(), 10)
+            cut.cancel()
+            await asyncio.gather(cut, return_exceptions=True)
     finally:
+        hold.set()
         await runner.cleanup()
     s = arm_runner.series
-    assert calls["n"] == 3
+    assert calls["n"] == 4
     assert len(s["t"]) == 3
     assert s["limit"] == [[7.0, 7.0, 7.0]]
     assert s["inflight"] == [[4, 4, 4]]

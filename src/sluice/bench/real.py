@@ -639,10 +639,14 @@ class _ArmRunner:
             if text is not None:
                 self.gateway_metrics = parse_metrics(text)
             gw = self.gateway_metrics if self.gateway_metrics is not None else {}
+        snap = None
+        if self.gateway is not None and self.arm.policy is not None:
+            snap = await controller_state(self.session, self.gateway)
+        # no await from here on: the monitor is cancelled at the run's end, and a sample
+        # cut in half would leave the columns of unequal length
         s = self.series
         s["t"].append(round(self.now(), 3))
         if self.gateway is not None and self.arm.policy is not None:
-            snap = await controller_state(self.session, self.gateway)
             add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap else {})
         for i, m in enumerate(sims):
             kv = None if m is None else _first(m, "vllm:kv_cache_usage_perc")
