@@ -10,6 +10,7 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from sluice.bench.arms import sluice_policy
 from sluice.bench.harness import ArmSpec
@@ -52,12 +53,9 @@ async def test_every_column_keeps_one_value_per_sample_through_failures_and_the_
     app.router.add_get("/sim/metrics", sim)
     app.router.add_get("/gw/metrics", gateway)
     app.router.add_get("/gw/admin/state", admin_state)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    base = f"http://127.0.0.1:{port}"
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
     try:
         scenario = load_scenario("flood").for_real_mode()
         arm = ArmSpec("sluice", sluice_policy(scenario, 16))
@@ -74,7 +72,7 @@ async def test_every_column_keeps_one_value_per_sample_through_failures_and_the_
             await asyncio.gather(cut, return_exceptions=True)
     finally:
         hold.set()
-        await runner.cleanup()
+        await server.close()
     s = arm_runner.series
     assert calls["n"] == 4
     assert len(s["t"]) == 3
