@@ -373,6 +373,10 @@ class _ArmRunner:
         self.counters0: list[dict[str, float]] = [{} for _ in sims]
         self.counters: list[dict[str, float]] = [{} for _ in sims]
         self.controller_snapshot: dict[str, Any] | None = None
+        # the gateway's last /metrics that answered: a sample whose scrape fails (a
+        # starved gateway past the 2 s timeout) repeats it, so every column keeps one
+        # value per sample time
+        self.gateway_metrics: dict[Any, float] | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -632,11 +636,17 @@ class _ArmRunner:
         gw = None
         if self.gateway is not None:
             text = await _get_text(self.session, f"{self.gateway}/metrics")
-            gw = None if text is None else parse_metrics(text)
+            if text is not None:
+                self.gateway_metrics = parse_metrics(text)
+            gw = self.gateway_metrics if self.gateway_metrics is not None else {}
+        snap = None
+        if self.gateway is not None and self.arm.policy is not None:
+            snap = await controller_state(self.session, self.gateway)
+        # no await from here on: the monitor is cancelled at the run's end, and a sample
+        # cut in half would leave the columns of unequal length
         s = self.series
         s["t"].append(round(self.now(), 3))
         if self.gateway is not None and self.arm.policy is not None:
-            snap = await controller_state(self.session, self.gateway)
             add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap else {})
         for i, m in enumerate(sims):
             kv = None if m is None else _first(m, "vllm:kv_cache_usage_perc")
