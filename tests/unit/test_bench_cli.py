@@ -118,3 +118,18 @@ def test_bench_refuses_bad_input(
     bad.write_text(SMALL.replace("rate: 3", "rate: 3\n    rateRps: 4"))
     assert main(["bench", str(bad), "--out", str(tmp_path / "z")]) == 2
     assert "phases.1: give exactly one of" in capsys.readouterr().err
+
+
+def test_bench_sweep_finds_the_sweet_spot_in_closed_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sweep"
+    assert main(["bench", "flood", "--sweep", "--sweep-levels", "10,12,13", "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    v = doc["virtual"]
+    assert [r["concurrency"] for r in v["levels"]] == [10, 12, 13]
+    # the flood's mix on one tiny engine: 12 in flight is the last level without preemption
+    assert (v["sweet_spot"], v["preemptions_from"]) == (12, 13)
+    assert doc["calibrated_sweet_spot"] == 12
+    assert "virtual: sweet spot 12" in capsys.readouterr().out
+    assert main(["bench", "flood", "--sweep", "--sweep-levels", "x", "--out", str(out)]) == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from sluice.bench.arms import arm_spec, fifo_policy, fixed, sluice_policy
 from sluice.bench.harness import (
     CANCELLED,
@@ -280,3 +282,25 @@ def test_series_have_one_point_per_scrape() -> None:
     assert len(run.series["limit"][0]) == len(t) == len(run.series["kv_usage"][0])
     assert max(run.series["kv_usage"][0]) > 0
     assert set(run.series["queued"]) == {"P0", "P1", "P2"}
+
+
+def test_latency_noise_delays_what_the_gateway_and_client_see_not_the_engine() -> None:
+    from sluice.bench.noise import Jitter, parse_jitter
+
+    s = scenario()
+    arm = arm_spec("sluice", s, max_limit=TINY.max_num_seqs, static_cap=8)
+    ttft, finished = engine_alone(100, 10, 0.3)
+    # p50 = p99: every step's tokens arrive exactly 10 ms after the step ends
+    run = run_arm(s, [req(0, 0.3)], arm, TINY, jitter=Jitter(0.01, 0.01))
+    r = run.requests[0]
+    assert r.outcome == OK and r.tokens == 10
+    assert math.isclose(r.first_token_at - 0.3, ttft + 0.01, abs_tol=1e-12)  # type: ignore[operator]
+    assert math.isclose(r.end_at, finished + 0.01, abs_tol=1e-12)  # type: ignore[arg-type]
+    # a heavy tail: the deliveries of one backend still arrive in order
+    noisy = run_arm(
+        s, [req(i, 0.1 * i, out=30) for i in range(6)], arm, TINY, jitter=Jitter(0.002, 0.2)
+    )
+    assert all(q.outcome == OK and q.tokens == 30 for q in noisy.requests)
+    assert parse_jitter("5,120") == Jitter(0.005, 0.12)
+    with pytest.raises(ValueError, match="P50_MS,P99_MS"):
+        parse_jitter("fast")

@@ -140,3 +140,38 @@ async def test_the_driver_aborts_at_the_next_step() -> None:
         assert driver.engine.free_blocks == TINY.num_gpu_blocks
     finally:
         await driver.stop()
+
+
+async def test_metrics_report_the_last_step_as_vllm_does_not_a_request_just_submitted() -> None:
+    """vLLM V1 publishes its scheduler's stats at the end of each step; a request that
+    arrives during a step is handed to the scheduler before the next one, so it is never
+    counted as waiting unless a step leaves it unscheduled (issue 16: the simulator used
+    to count it, and its scrapes showed waiting requests an idle-capacity vLLM never
+    shows)."""
+    profile = dataclasses.replace(TINY, step_overhead_s=0.02, per_token_s=0.0)
+    engine = Engine(profile)
+    driver = EngineDriver(engine)
+    metrics = SimMetrics(engine, "m", snapshot=lambda: driver.published)
+    driver.start()
+
+    def gauges() -> tuple[float, float]:
+        values = {
+            s.name: s.value
+            for fam in text_string_to_metric_families(metrics.exposition().decode())
+            for s in fam.samples
+        }
+        return values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]
+
+    try:
+        a = RequestHandle(lambda i, reason: b".")
+        driver.submit(EngineRequest("a", 10, 50, 50), a)
+        await a.wait()  # a's first step ended; the next one is running
+        a.take()
+        b = RequestHandle(lambda i, reason: b".")
+        driver.submit(EngineRequest("b", 10, 5, 5), b)  # during that step
+        assert engine.num_waiting == 1  # the engine holds it ...
+        assert gauges() == (1.0, 0.0)  # ... but no step has left it waiting
+        await b.wait()  # the step after that one scheduled it
+        assert gauges() == (2.0, 0.0)
+    finally:
+        await driver.stop()

@@ -9,6 +9,8 @@
 * `sluice`: everything on, the policy's defaults (classes, reservation, drop policies).
 * `oracle`: Sluice's classes and dispatcher with a fixed cap per phase, the best one a
   sweep over caps found for that phase (`bench.runner.oracle_sweep`).
+* `gie`, `gie-flow`, `litellm`, `envoy`: the peers' own decisions (`bench.peers`); LiteLLM's
+  `max_parallel_requests` is the first phase's sweet spot, as `static`'s cap.
 
 Adaptive arms get `limiter.maxLimit` = the engine's `max_num_seqs`: the policy's default of
 256 would hold an H100 below its sweet spot, and a limit above max_num_seqs means nothing.
@@ -19,10 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.bench.harness import ArmSpec
+from sluice.bench.peers import PEER_ARMS, peer_arm
 from sluice.bench.scenario import Scenario
 from sluice.config import DEFAULT_QUEUES, Policy
 
-ARMS = ("direct", "static", "fifo", "sluice", "oracle")
+ARMS = ("direct", "static", "fifo", "sluice", "oracle", *PEER_ARMS)
 VIRTUAL_ONLY = frozenset({"oracle"})
 
 FIFO_QUEUE_SIZE = sum(q.max_queue_size for q in DEFAULT_QUEUES)
@@ -100,6 +103,8 @@ def arm_spec(
             sluice_policy(scenario, max_limit, **fixed(c, max_limit)) for c in oracle_caps
         )
         return ArmSpec("oracle", policies[0], phase_policies=policies)
+    if name in PEER_ARMS:
+        return peer_arm(name, cap=static_cap, seed=scenario.spec.seed)
     raise ValueError(f"unknown arm {name!r}; arms: {', '.join(ARMS)}")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from sluice.bench.arms import ARMS, VIRTUAL_ONLY
+from sluice.bench.noise import parse_jitter
 from sluice.bench.scenario import ScenarioError, builtin_scenarios, load_scenario
 from sluice.sim.surfaces import SURFACES
 
@@ -20,7 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "scenario",
         metavar="SCENARIO",
-        help="a built-in scenario (" + ", ".join(builtin_scenarios()) + ") or a YAML file",
+        nargs="?",
+        help="a built-in scenario (" + ", ".join(builtin_scenarios()) + ") or a YAML file "
+        "(with --trace alone: azure-conv's backends and clients)",
     )
     parser.add_argument(
         "--arms",
@@ -43,6 +46,66 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "through the gateway's adapter, its admission, its refusals); default vllm's state",
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    trace = parser.add_argument_group(
+        "trace replay (docs/bench.md, Traces)",
+        "replay a production trace: the Azure LLM inference trace CSV or BurstGPT's",
+    )
+    trace.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="the trace file (or azure-conv-2023, shipped with Sluice); replaces the "
+        "scenario's phases",
+    )
+    trace.add_argument("--trace-start", metavar="S", help="slice start, trace seconds (0)")
+    trace.add_argument("--trace-duration", metavar="S", help="slice length (to the end)")
+    trace.add_argument(
+        "--peak",
+        type=float,
+        metavar="X",
+        help="scale time so that the busiest --peak-window offers X x capacity",
+    )
+    trace.add_argument("--peak-window", metavar="S", help="the busiest window's length (60s)")
+    trace.add_argument("--speedup", type=float, metavar="K", help="play the trace K x faster")
+    trace.add_argument(
+        "--classes",
+        metavar="P0=a,P1=b,P2=c",
+        help="class shares by a stable hash of each row (default 0.2/0.4/0.4)",
+    )
+    trace.add_argument(
+        "--class-column",
+        metavar="COLUMN",
+        help="take each request's class from this column (with --class-values)",
+    )
+    trace.add_argument(
+        "--class-values",
+        metavar="VALUE=Pn,...",
+        help="column value -> class, e.g. GPT-4=P0,ChatGPT=P1",
+    )
+    parser.add_argument(
+        "--cap",
+        type=int,
+        metavar="N",
+        help="the static and litellm arms' cap per backend (default: the first phase's "
+        "calibrated sweet spot; give the one a real --sweep found to compare in real mode)",
+    )
+    parser.add_argument(
+        "--jitter",
+        metavar="P50_MS,P99_MS",
+        help="virtual time: delay each engine step's tokens on their way to the gateway by "
+        "a lognormal lag of this median and p99 (a busy machine's event loops; take a real "
+        "run's arrival_late figures)",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="instead of the arms: the sweet spot by a closed-loop sweep of one backend, "
+        "virtual time (at real size) and, with --mode real, a real simulator beside it",
+    )
+    parser.add_argument(
+        "--sweep-levels",
+        metavar="C,C,...",
+        help="concurrency levels to sweep (default: 0.5x to 1.5x the calibrated sweet spot)",
+    )
     parser.add_argument(
         "--real-size",
         action="store_true",
@@ -61,6 +124,50 @@ def _arms(args: argparse.Namespace, default: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
+_TRACE_FLAGS = (
+    ("trace_start", "start"),
+    ("trace_duration", "duration"),
+    ("peak", "peak"),
+    ("peak_window", "peakWindow"),
+    ("speedup", "speedup"),
+    ("class_column", "classColumn"),
+)
+
+
+def _pairs(text: str, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{flag}: expected KEY=VALUE,... (got {item!r})")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def trace_overrides(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The command line's trace options as a scenario `trace` mapping (None: none given)."""
+    trace: dict[str, Any] = {}
+    if args.trace:
+        trace["path"] = args.trace
+    for attr, key in _TRACE_FLAGS:
+        value = getattr(args, attr, None)
+        if value is not None:
+            trace[key] = value
+    if args.classes:
+        shares = _pairs(args.classes, "--classes")
+        try:
+            trace["classes"] = {k: float(v) for k, v in shares.items()}
+        except ValueError:
+            raise ValueError(f"--classes: shares must be numbers (got {args.classes!r})") from None
+    if args.class_values:
+        trace["classValues"] = _pairs(args.class_values, "--class-values")
+    if args.peak is not None and args.speedup is None:
+        trace["speedup"] = None
+    if args.speedup is not None and args.peak is None:
+        trace["peak"] = None
+    return {"trace": trace} if trace else None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -69,8 +176,24 @@ def run(args: argparse.Namespace) -> int:
         console = Console(width=max(console.width, 150))  # the summary table is wide
     err = Console(stderr=True)
     try:
-        scenario = load_scenario(args.scenario)
+        overrides = trace_overrides(args)
+        name = args.scenario
+        if name is None:
+            if not args.trace:
+                raise ValueError("give a SCENARIO, or a --trace to replay")
+            name = "azure-conv"  # its backends, clients and arms around the trace
+            assert overrides is not None
+            stem = Path(args.trace).name.split(".")[0]
+            overrides["name"] = f"trace-{stem}"
+            overrides["description"] = f"replay of {args.trace}"
+        if overrides and not args.trace and load_scenario(name).trace is None:
+            raise ValueError("the trace options need --trace or a scenario with a trace")
+        scenario = load_scenario(name, overrides)
         arms = _arms(args, scenario.spec.arms)
+        if args.jitter:
+            if args.mode == "real":
+                raise ValueError("--jitter models noise in virtual time; real mode has its own")
+            parse_jitter(args.jitter)
     except ScenarioError as exc:
         err.print(f"[red]{exc.source}: invalid scenario[/red]")
         for line in exc.errors:
@@ -102,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[red]sluice bench: cannot create {out}: {exc.strerror}[/red]")
         return 1
 
+    if args.sweep:
+        return _run_sweep(scenario, args, console, err, out)
     started = time.perf_counter()
     try:
         results = _run_with_progress(scenario, arms, args, console)
@@ -150,15 +275,95 @@ def _run_with_progress(
 
             if args.real_size:
                 scenario = scenario.for_real_mode()
+            jitter = parse_jitter(args.jitter) if args.jitter else None
             return run_virtual(
-                scenario, arms, seed=args.seed, progress=progress, engine=args.engine
+                scenario,
+                arms,
+                seed=args.seed,
+                progress=progress,
+                cap=args.cap,
+                jitter=jitter,
+                engine=args.engine,
             )
         from sluice.bench.real import run_real
 
         def announce(url: str) -> None:
             console.print(f"Gateway up: watch it live at [bold]{url}/dashboard[/bold]")
 
-        return run_real(scenario, arms, seed=args.seed, progress=progress, on_gateway=announce)
+        return run_real(
+            scenario, arms, seed=args.seed, progress=progress, on_gateway=announce, cap=args.cap
+        )
+
+
+def _run_sweep(scenario: Any, args: argparse.Namespace, console: Any, err: Any, out: Path) -> int:
+    from rich.table import Table
+
+    from sluice.bench.runner import make_plan
+    from sluice.bench.sweep import MEASURE_S, default_levels, sweep_real, sweep_virtual
+
+    small = scenario.for_real_mode() if args.mode == "real" or args.real_size else scenario
+    plan = make_plan(small, seed=args.seed)
+    small = plan.scenario
+    try:
+        levels = (
+            [int(x) for x in args.sweep_levels.split(",") if x.strip()]
+            if args.sweep_levels
+            else default_levels(plan.sweet_spots[0])
+        )
+    except ValueError:
+        err.print(f"[red]sluice bench: --sweep-levels: integers, got {args.sweep_levels!r}[/red]")
+        return 2
+    doc: dict[str, Any] = {
+        "scenario": scenario.name,
+        "mode": "sweep",
+        "calibrated_sweet_spot": plan.sweet_spots[0],
+        "virtual": sweep_virtual(small, levels, horizon=MEASURE_S),
+    }
+    if args.mode == "real":
+        with console.status("real closed-loop sweep") as status:
+
+            def progress(label: str, fraction: float) -> None:
+                status.update(f"{label} ({100 * fraction:.0f}%)")
+
+            try:
+                doc["real"] = sweep_real(
+                    small, levels, horizon=MEASURE_S, seed=plan.seed, progress=progress
+                )
+            except RuntimeError as exc:
+                err.print(f"[red]sluice bench: {exc}[/red]")
+                return 1
+    (out / "results.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    table = Table(title=f"closed-loop sweep, {scenario.name} (one backend)")
+    table.add_column("in flight", justify="right")
+    modes = [m for m in ("virtual", "real") if m in doc]
+    for m in modes:
+        for h in ("tok/s", "req/s", "preempt", "TPOT p95 ms", "running"):
+            table.add_column(f"{m} {h}", justify="right")
+    for i, c in enumerate(levels):
+        row = [str(c)]
+        for m in modes:
+            r = doc[m]["levels"][i]
+            tpot = r["tpot_p95_s"]
+            row += [
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['rps']:.2f}",
+                str(r["preemptions"]),
+                "-" if tpot is None else f"{1000 * tpot:.0f}",
+                "-" if r["running_mean"] is None else f"{r['running_mean']:.1f}",
+            ]
+        table.add_row(*row)
+    console.print(table)
+    for m in modes:
+        d = doc[m]
+        console.print(
+            f"{m}: sweet spot {d['sweet_spot']} (no preemption, TPOT p95 within the P0 SLO), "
+            f"throughput knee {d['knee']}, preemptions from {d['preemptions_from']}"
+        )
+    if "real" in doc:
+        cpu = doc["real"]["cpu"]
+        console.print(f"CPU busy during the real sweep: max {cpu['busy_fraction_max']}")
+    console.print(f"Results: {out / 'results.json'}")
+    return 0
 
 
 def _print_summary(console: Any, results: dict[str, Any], wall: float) -> None:

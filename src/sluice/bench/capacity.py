@@ -43,19 +43,31 @@ class ClosedLoopResult:
 
 def closed_loop(
     profile: Profile,
-    prompt: _LengthDist,
-    output: _LengthDist,
+    prompt: _LengthDist | None,
+    output: _LengthDist | None,
     max_tokens: int,
     concurrency: int,
     *,
     seed: int = 0,
     warmup: float = WARMUP_S,
     horizon: float = HORIZON_S,
+    pairs: tuple[tuple[int, int], ...] | None = None,
 ) -> ClosedLoopResult:
-    """Keep `concurrency` requests in flight on one engine; measure after `warmup`."""
+    """Keep `concurrency` requests in flight on one engine; measure after `warmup`. The
+    requests are drawn from the prompt and output distributions, or from `pairs`
+    ((prompt, output) of a trace, each its own max_tokens)."""
     engine = Engine(profile, seed=seed)
     rng = random.Random(f"{seed}/calibration")
     max_tokens = min(max_tokens, profile.max_model_len - 1)
+
+    def draw() -> tuple[int, int, int]:
+        if pairs is not None:
+            p, o = pairs[rng.randrange(len(pairs))]
+            return p, o, o
+        assert prompt is not None and output is not None
+        p = min(draw_length(prompt, rng), profile.max_model_len - max_tokens)
+        return p, min(draw_length(output, rng), max_tokens), max_tokens
+
     t = 0.0
     n = 0
     inflight = 0
@@ -67,9 +79,8 @@ def closed_loop(
     kv_max = 0.0
     while t < horizon:
         while inflight < concurrency:
-            p = min(draw_length(prompt, rng), profile.max_model_len - max_tokens)
-            o = min(draw_length(output, rng), max_tokens)
-            engine.submit(EngineRequest(f"c{n}", max(1, p), max_tokens, max(1, o)), t)
+            p, o, m = draw()
+            engine.submit(EngineRequest(f"c{n}", max(1, p), m, max(1, o)), t)
             n += 1
             inflight += 1
         result = engine.step(t)
@@ -102,22 +113,28 @@ def closed_loop(
 @lru_cache(maxsize=64)
 def _calibrate(
     profile: Profile,
-    prompt: _LengthDist,
-    output: _LengthDist,
+    prompt: _LengthDist | None,
+    output: _LengthDist | None,
     max_tokens: int,
     tpot_slo: float | None,
     seed: int,
+    pairs: tuple[tuple[int, int], ...] | None = None,
 ) -> Capacity:
     def ok(r: ClosedLoopResult) -> bool:
         return r.preemptions == 0 and (tpot_slo is None or r.tpot_p95_s <= tpot_slo)
 
-    mean_prompt = max(1.0, min(prompt.mean_estimate, profile.max_model_len))
+    if pairs is not None:
+        mean = sum(p for p, _ in pairs) / len(pairs)
+    else:
+        assert prompt is not None
+        mean = prompt.mean_estimate
+    mean_prompt = max(1.0, min(mean, profile.max_model_len))
     hi = max(2, min(profile.max_num_seqs, int(profile.kv_capacity_tokens / mean_prompt) + 1))
     results: dict[int, ClosedLoopResult] = {}
 
     def run(c: int) -> ClosedLoopResult:
         if c not in results:
-            results[c] = closed_loop(profile, prompt, output, max_tokens, c, seed=seed)
+            results[c] = closed_loop(profile, prompt, output, max_tokens, c, seed=seed, pairs=pairs)
         return results[c]
 
     lo = 1
@@ -140,3 +157,17 @@ def calibrate(
 ) -> Capacity:
     """The sweet spot and capacity of one backend for the phase's request mix."""
     return _calibrate(profile, phase.prompt, phase.output, phase.max_tokens, tpot_slo, seed)
+
+
+def calibrate_pairs(
+    profile: Profile,
+    pairs: tuple[tuple[int, int], ...],
+    tpot_slo: float | None,
+    *,
+    seed: int = 0,
+) -> Capacity:
+    """The sweet spot and capacity of one backend for a trace's (prompt, output) pairs."""
+    if not pairs:
+        raise ValueError("no request to calibrate with")
+    top = max(o for _, o in pairs)
+    return _calibrate(profile, None, None, top, tpot_slo, seed, pairs)

@@ -38,8 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.engine_view import EngineView
-from sluice.bench.scenario import CLASSES, Scenario
+from sluice.bench.noise import Jitter
+from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
@@ -68,6 +70,7 @@ _GIVE_UP = 4
 _BACKEND_EVENT = 5
 _HEALTH = 6
 _PHASE = 7
+_DELIVER = 8  # a step's tokens reach the gateway (with latency noise: `bench.noise`)
 
 # request outcomes
 OK = "ok"  # finished
@@ -98,14 +101,26 @@ class ArmSpec:
     controller_kwargs: dict[str, Any] = field(default_factory=dict)
     # gateway replicas sharing the engines, each its own Controller (module docstring)
     replicas: int = 1
+    # A peer gateway in place of Sluice's Controller (`bench.peers`): it is built as
+    # `gateway(clock, backend_names)` and driven through the same calls.
+    gateway: Callable[[FakeClock, list[str]], Any] | None = None
+    # ... and in real mode, the arguments of `python -m sluice.bench.peers.proxy` for it
+    gateway_argv: tuple[str, ...] = ()
+    # What its clients do when refused, in place of the scenario's (`bench.peers`: the
+    # OpenAI SDK's rule for the peers' users).
+    client_retry: Retry | None = None
+    # How often the gateway scrapes each backend (None: SCRAPE_INTERVAL_S).
+    scrape_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError("replicas must be at least 1")
+        if self.gateway is not None and (self.policy is not None or self.replicas != 1):
+            raise ValueError("a peer gateway arm has no Sluice policy and one replica")
 
     @property
     def is_direct(self) -> bool:
-        return self.policy is None
+        return self.policy is None and self.gateway is None
 
 
 class ReqState:
@@ -189,16 +204,25 @@ class ArmRun:
 
 
 def plan_retry(
-    r: ReqState, outcome: str, retry_after: float | None, seed: int, now: float
+    r: ReqState,
+    outcome: str,
+    retry_after: float | None,
+    seed: int,
+    now: float,
+    retry: Retry | None = None,
 ) -> float | None:
     """A failed attempt: if the client tries again, record the retry on `r` (attempt
     number, when it comes back, whether it follows a Retry-After) and return its delay;
-    None when the client gives up. Shared by virtual time and real mode."""
+    None when the client gives up. `retry` replaces the request's own behaviour (the
+    clients of a peer arm: `ArmSpec.client_retry`). Shared by virtual time and real mode."""
     spec = r.spec
-    retry = spec.retry
+    if retry is None:
+        retry = spec.retry
     if r.attempt + 1 >= retry.max_attempts or (outcome == TIMEOUT and not retry.on_timeout):
         return None
-    delay = retry_delay(spec, r.attempt, retry_after, seed)
+    delay = retry_delay(spec, r.attempt, retry_after, seed, retry)
+    if delay is None:
+        return None
     r.ra_retry = (
         outcome == REJECTED
         and retry.follow_retry_after
@@ -221,17 +245,21 @@ class _Series:
         self.t: list[float] = []
         self.limit: list[list[float]] = [[] for _ in range(n_backends)]
         self.inflight: list[list[int]] = [[] for _ in range(n_backends)]
+        self.running: list[list[int]] = [[] for _ in range(n_backends)]
         self.kv: list[list[float]] = [[] for _ in range(n_backends)]
         self.waiting: list[list[int]] = [[] for _ in range(n_backends)]
         self.queued: dict[str, list[int]] = {c: [] for c in CLASSES}
         self.rejected: dict[str, list[int]] = {}
         self.pressure: list[float] = []
+        self.extra: dict[str, Any] = {}  # "cuts": limit cuts by reason, cumulative
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            **self.extra,
             "t": self.t,
             "limit": self.limit,
             "inflight": self.inflight,
+            "running": self.running,
             "kv_usage": self.kv,
             "waiting": self.waiting,
             "queued": self.queued,
@@ -272,6 +300,7 @@ class _Run:
         seed: int,
         series_interval: float,
         progress: Callable[[float], None] | None,
+        jitter: Jitter | None = None,
         engine: str | None = None,
     ) -> None:
         self.scenario = scenario
@@ -284,6 +313,9 @@ class _Run:
         self.names = [f"b{i}" for i in range(n)]
         self.name_index = {name: i for i, name in enumerate(self.names)}
         self.engines = [Engine(profile, seed=seed + i) for i in range(n)]
+        self.jitter = jitter
+        self.jitter_rng = [jitter.sampler(seed, i) for i in range(n)] if jitter else []
+        self.delivered_until = [0.0] * n  # deliveries of a backend stay in order
         self.engine_kind = engine
         self.views = [EngineView(engine, e) for e in self.engines] if engine else None
         self.step_snaps: list[EngineSnapshot | None] = [None] * n  # of the step under way
@@ -330,7 +362,10 @@ class _Run:
 
         self.clock = FakeClock()
         self.ctrls: list[Controller] = []  # one per gateway replica; none for `direct`
-        if not arm.is_direct:
+        self.scrape_interval = arm.scrape_interval_s or SCRAPE_INTERVAL_S
+        if arm.gateway is not None:
+            self.ctrls.append(arm.gateway(self.clock, self.names))
+        elif not arm.is_direct:
             policy = arm.phase_policies[0] if arm.phase_policies else arm.policy
             assert policy is not None
             for k in range(arm.replicas):
@@ -350,10 +385,14 @@ class _Run:
         self.healthy = [[True] * n for _ in range(self.replicas)]
         self.limits = self._read_limits()
         # A fixed limit is never cut: no reaction to measure (and reading limits costs).
-        self.measure_reaction = self.ctrl is not None and not all(
-            p.limiter.algorithm == "fixed"
-            for p in (arm.phase_policies or (arm.policy,))
-            if p is not None
+        self.measure_reaction = (
+            arm.gateway is None
+            and self.ctrl is not None
+            and not all(
+                p.limiter.algorithm == "fixed"
+                for p in (arm.phase_policies or (arm.policy,))
+                if p is not None
+            )
         )
 
     # -- the event heap ---------------------------------------------------------------
@@ -381,7 +420,7 @@ class _Run:
         # A gateway scrapes its backends as it starts (before traffic), then every
         # interval; replica k is k/replicas of an interval behind replica 0.
         for k in range(max(1, self.replicas)):
-            self.push(SCRAPE_INTERVAL_S * k / max(1, self.replicas), _SCRAPE, k)
+            self.push(self.scrape_interval * k / max(1, self.replicas), _SCRAPE, k)
         for i, e in enumerate(self.scenario.spec.events):
             self.push(e.at, _BACKEND_EVENT, i)
         if self.scenario.spec.events and self.ctrl is not None:
@@ -418,6 +457,8 @@ class _Run:
                 self._health(t)
             elif kind == _BACKEND_EVENT:
                 self._backend_event(t, payload)
+            elif kind == _DELIVER:
+                self._deliver(t, payload)
             elif kind == _PHASE:
                 assert self.ctrls and self.arm.phase_policies is not None
                 for ctrl in self.ctrls:
@@ -486,7 +527,7 @@ class _Run:
     def _retry_or_end(self, t: float, r: ReqState, outcome: str, retry_after: float | None) -> None:
         """The attempt failed: come back later if the client retries, else finish."""
         spec = r.spec
-        delay = plan_retry(r, outcome, retry_after, self.seed, t)
+        delay = plan_retry(r, outcome, retry_after, self.seed, t, self.arm.client_retry)
         if delay is not None:
             r.aid = f"{spec.request_id}.{r.attempt}"
             r.state = _WAITING_RETRY
@@ -646,6 +687,30 @@ class _Run:
             self.views[b].observe(result, snap)
         if result.preempted:
             self._preempted(t, b, result)
+        if self.jitter is not None:
+            # the gateway sees this step's tokens later, in order; the engine goes on now
+            at = max(t + self.jitter.draw(self.jitter_rng[b]), self.delivered_until[b])
+            self.delivered_until[b] = at
+            self.push(at, _DELIVER, (b, gen, result))
+        else:
+            self._tokens(t, b, result)
+        if self.engines[b].has_work():
+            self._start_step(t, b)
+        else:
+            self.busy[b] = False
+        if self.ctrls:
+            self._pump(t)
+
+    def _deliver(self, t: float, payload: tuple[int, int, StepResult]) -> None:
+        b, gen, result = payload
+        if gen != self.engine_gen[b]:
+            return  # the backend died since: its requests were cut then
+        self._tokens(t, b, result)
+        if self.ctrls:
+            self._pump(t)
+
+    def _tokens(self, t: float, b: int, result: StepResult) -> None:
+        """A step's tokens reach their clients (and the gateway) at `t`."""
         by_aid = self.by_aid
         ctrls = self.ctrls
         ttfts = self.ttft_window[b]
@@ -671,12 +736,6 @@ class _Run:
                 self._completed(t, r, CANCELLED)
         if gen_tokens:
             self.itl_window[b].append((result.duration, gen_tokens))
-        if self.engines[b].has_work():
-            self._start_step(t, b)
-        else:
-            self.busy[b] = False
-        if ctrls:
-            self._pump(t)
 
     def _completed(self, t: float, r: ReqState, outcome: str) -> None:
         b = r.backend
@@ -740,7 +799,7 @@ class _Run:
                 self.ttft_window[b] = []
                 self.itl_window[b] = []
         if t < self.duration or self.outstanding > 0:
-            self.push(t + SCRAPE_INTERVAL_S, _SCRAPE, gw)
+            self.push(t + self.scrape_interval, _SCRAPE, gw)
         if gw:
             return
         if t >= self.next_series_at:
@@ -758,9 +817,16 @@ class _Run:
             s.pressure.append(round(pressure, 4))
             for b, name in enumerate(self.names):
                 s.limit[b].append(sum(snap["backends"][name]["limit"] for snap in snaps))
+            if self.arm.gateway is None:
+                cuts: dict[str, int] = {}
+                for snap in snaps:
+                    for reason, n in cuts_so_far(snap).items():
+                        cuts[reason] = cuts.get(reason, 0) + n
+                add_cuts_sample(s.extra, len(s.t), cuts)
         for b in range(self.n):
             s.inflight[b].append(len(self.inflight_on[b]))
-            _, waiting, kv = self.published[b]
+            running, waiting, kv = self.published[b]
+            s.running[b].append(running)
             s.kv[b].append(round(kv, 4))
             s.waiting[b].append(waiting)
         for p, c in enumerate(CLASSES):
@@ -854,11 +920,13 @@ def run_arm(
     seed: int = 0,
     series_interval: float = SCRAPE_INTERVAL_S,
     progress: Callable[[float], None] | None = None,
+    jitter: Jitter | None = None,
     engine: str | None = None,
 ) -> ArmRun:
-    """Run one arm on fresh engines; the workload is not modified. `engine`: the surface
-    every backend presents (None: the scrape hands the controller the engine's state as
-    vLLM shows it, without rendering a page)."""
+    """Run one arm on fresh engines; the workload is not modified. `jitter`: latency noise
+    between the engines and the gateway (`bench.noise`; None: exact virtual time).
+    `engine`: the surface every backend presents (None: the scrape hands the controller the
+    engine's state as vLLM shows it, without rendering a page)."""
     import time
 
     started = time.perf_counter()
@@ -870,6 +938,7 @@ def run_arm(
         seed=seed,
         series_interval=series_interval,
         progress=progress,
+        jitter=jitter,
         engine=engine,
     )
     run.run()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sluice.bench.cuts import limiter_states
 from sluice.bench.harness import CANCELLED, FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, ArmRun
 from sluice.bench.scenario import CLASSES, Scenario, Slo
 
@@ -61,6 +62,7 @@ def arm_results(
     n_phases = len(phases)
     classes: dict[str, Any] = {}
     goodput_tokens = 0
+    delivered = 0  # output tokens of every completed request, SLO met or not
     phase_good = [0] * n_phases
     phase_offered = [[0, 0, 0] for _ in range(n_phases)]
     phase_met = [[0, 0, 0] for _ in range(n_phases)]
@@ -106,6 +108,7 @@ def arm_results(
             slo = scenario.slos[c]
             if slo.ttft is None or (ttft is not None and ttft <= slo.ttft):
                 pc["ttft_met"] += 1
+            delivered += r.tokens
             if meets_slo(ttft, tpot, e2e, slo):
                 pc["met"] += 1
                 pc["tokens"] += r.tokens
@@ -183,6 +186,8 @@ def arm_results(
     wasted = run.preempted_tokens + run.wasted_after_gone + truncated
     return {
         "goodput_tokens_per_s": round(goodput_tokens / duration, 1),
+        "tokens_delivered": delivered,
+        "backend_running": backend_running(run.series, duration),
         "backend_preemptions": len(run.preemption_times),
         "wasted_tokens": wasted,
         "wasted_breakdown": {
@@ -207,10 +212,23 @@ def arm_results(
             "max_s": _r(max(reactions) if reactions else None),
         },
         "phases": per_phase,
+        "limiters": limiter_states(run.controller_snapshot),
         "virtual_end_s": round(run.ended_at, 3),
         "wall_s": round(run.wall_s, 3),
         "events": run.events,
     }
+
+
+def backend_running(series: dict[str, Any], until: float) -> dict[str, float | None]:
+    """Requests the engines ran (vLLM's num_requests_running, as last published at each
+    sample), per backend, over the samples before `until` (the arrival window): the mean
+    across backends and samples, and the largest."""
+    times: list[float] = series.get("t", [])
+    cols: list[list[float]] = series.get("running") or []
+    values = [col[k] for col in cols for k, t in enumerate(times) if t < until and k < len(col)]
+    if not values:
+        return {"mean": None, "max": None}
+    return {"mean": round(sum(values) / len(values), 2), "max": max(values)}
 
 
 def _total_rejections(run: ArmRun) -> dict[str, int]:

@@ -39,7 +39,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.bench.arms import arm_spec
-from sluice.bench.capacity import calibrate
+from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.harness import (
     CANCELLED,
     FAILED,
@@ -54,8 +54,8 @@ from sluice.bench.harness import (
     plan_retry,
 )
 from sluice.bench.metrics import arm_results
+from sluice.bench.runner import arrivals_per_s, make_plan
 from sluice.bench.scenario import CLASSES, Scenario
-from sluice.bench.workload import generate
 from sluice.config import Policy
 
 SATURATED_AT = 0.9
@@ -245,10 +245,31 @@ def start_sims(scenario: Scenario) -> tuple[list[Proc], list[str]]:
     return procs, urls
 
 
+ADMIN_KEY = "sk-bench-admin"  # the bench reads each limiter's state from /admin/state
+
+
 def policy_yaml(policy: Policy, urls: list[str]) -> str:
     doc = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
     doc["backends"] = [{"name": f"b{i}", "url": u} for i, u in enumerate(urls)]
+    doc.setdefault("admin", {}).setdefault("apiKeys", []).append(ADMIN_KEY)
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+async def controller_state(session: aiohttp.ClientSession, gateway: str) -> dict[str, Any] | None:
+    """The gateway's controller snapshot (limits, limiters' state), or None."""
+    try:
+        async with session.get(
+            f"{gateway}/admin/state",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=aiohttp.ClientTimeout(total=2.0),
+        ) as r:
+            if r.status != 200:
+                return None
+            doc = orjson.loads(await r.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    controller = doc.get("controller")
+    return controller if isinstance(controller, dict) else None
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, within_s: float) -> None:
@@ -338,6 +359,7 @@ class _ArmRunner:
             "t": [],
             "limit": [[] for _ in sims],
             "inflight": [[] for _ in sims],
+            "running": [[] for _ in sims],
             "kv_usage": [[] for _ in sims],
             "waiting": [[] for _ in sims],
             "queued": {c: [] for c in CLASSES},
@@ -350,6 +372,7 @@ class _ArmRunner:
         # engine counters, at the start and as last scraped (see `recomputed_tokens`)
         self.counters0: list[dict[str, float]] = [{} for _ in sims]
         self.counters: list[dict[str, float]] = [{} for _ in sims]
+        self.controller_snapshot: dict[str, Any] | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -397,6 +420,8 @@ class _ArmRunner:
                     await monitor
             self.cpu_use = self._cpu_use(proc0, bench0)
             await self._scrape_sims(record=True)
+            if self.gateway is not None and self.arm.policy is not None:
+                self.controller_snapshot = await controller_state(session, self.gateway)
             return self.now()
 
     def recomputed_tokens(self) -> int | None:
@@ -450,7 +475,9 @@ class _ArmRunner:
                 if outcome in (OK, CANCELLED):
                     self._finish(r, outcome)
                     return
-                delay = plan_retry(r, outcome, retry_after, self.seed, self.now())
+                delay = plan_retry(
+                    r, outcome, retry_after, self.seed, self.now(), self.arm.client_retry
+                )
                 if delay is not None:
                     r.tokens = 0
                     r.first_token_at = r.last_token_at = None
@@ -498,6 +525,9 @@ class _ArmRunner:
             b = self.rr % self.n
             self.rr += 1
             return self.sims[b], headers, b
+        if self.arm.gateway is not None:  # a peer proxy: the class is its priority
+            headers["X-Bench-Priority"] = str(spec.priority)
+            return self.gateway, headers, -1
         key = "sk-bench-all" if self.arm.single_class else f"sk-bench-{spec.tenant}"
         headers["Authorization"] = f"Bearer {key}"
         return self.gateway, headers, -1
@@ -605,9 +635,14 @@ class _ArmRunner:
             gw = None if text is None else parse_metrics(text)
         s = self.series
         s["t"].append(round(self.now(), 3))
+        if self.gateway is not None and self.arm.policy is not None:
+            snap = await controller_state(self.session, self.gateway)
+            add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap else {})
         for i, m in enumerate(sims):
             kv = None if m is None else _first(m, "vllm:kv_cache_usage_perc")
             waiting = None if m is None else _first(m, "vllm:num_requests_waiting")
+            running = None if m is None else _first(m, "vllm:num_requests_running")
+            s["running"][i].append(int(running or 0))
             s["kv_usage"][i].append(round(kv or 0.0, 4))
             s["waiting"][i].append(int(waiting or 0))
             if gw is not None:
@@ -716,6 +751,13 @@ def _run_one_arm(
                 raise RuntimeError(f"{exc}; gateway output: {gateway.output()}") from None
             if on_gateway is not None:
                 on_gateway(gateway_url)
+        elif arm.gateway is not None:
+            argv = [sys.executable, "-m", "sluice.bench.peers.proxy", *arm.gateway_argv]
+            for u in urls:
+                argv += ["--backend", u]
+            gateway = Proc("peer", [*argv, "--port", "0"])
+            m = gateway.wait_for_line(_PORT_LINE, START_TIMEOUT_S)
+            gateway_url = f"http://127.0.0.1:{m.group(1)}"
         reqs = [ReqState(spec) for spec in workload]
         drain = scenario.spec.drain  # already shrunk by for_real_mode
         pids = {"sims": [p.popen.pid for p in sims]}
@@ -752,6 +794,7 @@ def _run_one_arm(
         series=runner.series,
         wall_s=time.perf_counter() - started,
         events=0,
+        controller_snapshot=runner.controller_snapshot,
     )
     return run, {"cpu": runner.cpu_use, "recomputed_measured": recomputed is not None}
 
@@ -763,30 +806,27 @@ def run_real(
     seed: int | None = None,
     progress: Progress | None = None,
     on_gateway: Callable[[str], None] | None = None,
+    cap: int | None = None,
 ) -> dict[str, Any]:
     """Run the arms against real processes; the results.json document (mode "real").
-    `on_gateway(url)` is called when an arm's gateway is up (to show its dashboard)."""
+    `on_gateway(url)` is called when an arm's gateway is up (to show its dashboard).
+    `cap`: the `static` and `litellm` arms' cap (default: the first phase's sweet spot)."""
     started = time.perf_counter()
-    small = scenario.for_real_mode()
-    seed = small.spec.seed if seed is None else seed
-    profile = small.spec.backends.build_profile()
+    plan = make_plan(scenario.for_real_mode(), seed=seed)
+    small, seed, profile = plan.scenario, plan.seed, plan.profile
     n = small.spec.backends.count
-    caps = [calibrate(profile, p, small.slos["P0"].tpot) for p in small.phases]
-    rates = [
-        p.rate_rps if p.rate_rps is not None else (p.rate or 0.0) * c.rps * n
-        for p, c in zip(small.phases, caps, strict=True)
-    ]
+    caps, rates, workload = plan.capacities, plan.rates_rps, plan.workload
     limit = small.spec.real.max_rps
     if max(rates) > limit:
         raise RuntimeError(
             f"real mode would offer {max(rates):.0f} requests/s (more than real.maxRps = "
             f"{limit:g}); shrink the scenario's `real` section"
         )
-    workload = generate(small, rates, seed=seed, max_model_len=profile.max_model_len)
     samples: list[float] = []
     results: dict[str, Any] = {}
     for name in arms:
-        spec = arm_spec(name, small, max_limit=profile.max_num_seqs, static_cap=caps[0].sweet_spot)
+        static_cap = cap or caps[0].sweet_spot
+        spec = arm_spec(name, small, max_limit=profile.max_num_seqs, static_cap=static_cap)
         run, extra = _run_one_arm(small, spec, workload, seed, progress, on_gateway)
         cpu = extra["cpu"]
         samples += cpu.pop("busy_samples")
@@ -796,8 +836,8 @@ def run_real(
         res["limit_reaction"] = None  # measured in virtual time only
         if not extra["recomputed_measured"]:
             res["wasted_breakdown"]["recomputed_after_preemption"] = None
-        if name == "static":
-            res["cap"] = caps[0].sweet_spot
+        if name in ("static", "litellm"):
+            res["cap"] = static_cap
         results[name] = res
     return {
         "scenario": scenario.name,
@@ -809,6 +849,11 @@ def run_real(
             "backends": n,
             "profile": f"{profile.name} x{small.spec.backends.speed:g} speed",
             "requests": len(workload),
+            **(
+                {"trace": plan.trace, "arrivals": arrivals_per_s(workload, small.duration)}
+                if plan.trace is not None
+                else {}
+            ),
             "phases": [
                 {
                     "name": p.name,

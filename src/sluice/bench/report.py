@@ -12,6 +12,10 @@ ARM_COLOURS = {
     "fifo": "tab:purple",
     "sluice": "tab:blue",
     "oracle": "tab:green",
+    "gie": "tab:brown",
+    "gie-flow": "tab:pink",
+    "litellm": "tab:olive",
+    "envoy": "tab:cyan",
 }
 MAX_BACKENDS_PLOTTED = 4
 
@@ -35,6 +39,8 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         "P1 SLO",
         "P2 SLO",
         "goodput tok/s",
+        "tokens delivered",
+        "running mean / max",
         "preemptions",
         "wasted tokens",
         "refused (attempts)",
@@ -45,6 +51,7 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for name, a in results["arms"].items():
         c = a["classes"]
         ra = a.get("retry_admission", {})
+        running = a.get("backend_running") or {}
         rows.append(
             [
                 name,
@@ -53,6 +60,8 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _fmt(c["P1"]["slo_attainment"], pct=True),
                 _fmt(c["P2"]["slo_attainment"], pct=True),
                 f"{a['goodput_tokens_per_s']:.0f}",
+                _fmt(a.get("tokens_delivered")),
+                f"{_fmt(running.get('mean'), nd=1)} / {_fmt(running.get('max'))}",
                 str(a["backend_preemptions"]),
                 str(a["wasted_tokens"]),
                 str(sum(a.get("rejections_by_cause", {}).values())),
@@ -176,16 +185,55 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
 
     # limit and in-flight per backend
     if gateway:
-        fig, axes = grid(len(gateway), "Limit (solid) and in-flight (dotted) per backend")
+        fig, axes = grid(
+            len(gateway), "Limit (solid), in-flight (dotted), engine running (dash-dot)"
+        )
         for ax, (name, a) in zip(axes, gateway.items(), strict=True):
             s = a["series"]
             for b in range(min(MAX_BACKENDS_PLOTTED, len(s["limit"]))):
                 (line,) = ax.plot(s["t"], s["limit"][b], lw=1.2, label=f"{s['backends'][b]} limit")
                 ax.plot(s["t"], s["inflight"][b], lw=0.8, ls=":", color=line.get_color())
+                if s.get("running"):
+                    ax.plot(s["t"], s["running"][b], lw=0.6, ls="-.", color=line.get_color())
             ax.set_ylabel(name)
             mark_phases(ax)
         axes[-1].set_xlabel("time (s)")
         save(fig, "limit_inflight.png")
+
+    # what the engines ran, every arm, against the sweet spot
+    sweet = [p["sweet_spot_per_backend"] for p in phases]
+    with_running = {k: v for k, v in arms.items() if v["series"].get("running")}
+    if with_running:
+        fig, axes = grid(1, "Requests the engines ran (mean over backends) and the sweet spot", 3.2)
+        ax = axes[0]
+        for name, a in with_running.items():
+            s = a["series"]
+            cols = s["running"]
+            mean = [sum(col[k] for col in cols) / len(cols) for k in range(len(s["t"]))]
+            ax.plot(s["t"], mean, lw=1, color=ARM_COLOURS.get(name), label=name)
+        for p, spot in zip(phases, sweet, strict=True):
+            ax.hlines(spot, p["start_s"], p["end_s"], colors="k", lw=0.8, ls="--")
+        ax.set_ylabel("running")
+        ax.set_xlabel("time (s)")
+        ax.legend(loc="upper right", fontsize=8)
+        mark_phases(ax)
+        save(fig, "running.png")
+
+    # a trace's arrivals over time against capacity
+    arrivals = results.get("plan", {}).get("arrivals")
+    if arrivals:
+        fig, axes = grid(1, "Offered load: arrivals per second (bins) and capacity", 3.0)
+        ax = axes[0]
+        width = arrivals["bin_s"]
+        xs = [i * width for i in range(len(arrivals["per_s"]))]
+        ax.step(xs, arrivals["per_s"], where="post", lw=1, color="k", label="arrivals/s")
+        cap = phases[0]["capacity_rps"] if phases else None
+        if cap:
+            ax.axhline(cap, color="tab:red", lw=0.8, ls="--", label="capacity")
+        ax.set_ylabel("requests/s")
+        ax.set_xlabel("time (s)")
+        ax.legend(loc="upper left", fontsize=8)
+        save(fig, "arrivals.png")
 
     # TTFT per class
     fig, axes = grid(len(arms), "TTFT per class (from the first attempt), log scale")
@@ -243,6 +291,20 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
             mark_phases(ax)
         axes[-1].set_xlabel("time (s)")
         save(fig, "rejections.png")
+
+    # Sluice's limit cuts by reason (which signal held the limit down)
+    with_cuts = {k: v for k, v in arms.items() if v["series"].get("cuts")}
+    if with_cuts:
+        fig, axes = grid(len(with_cuts), "Limit cuts by reason (cumulative, all backends)")
+        for ax, (name, a) in zip(axes, with_cuts.items(), strict=True):
+            s = a["series"]
+            for reason, col in sorted(s["cuts"].items()):
+                ax.plot(s["t"][: len(col)], col, lw=1, label=reason)
+            ax.set_ylabel(name)
+            ax.legend(loc="upper left", fontsize=7)
+            mark_phases(ax)
+        axes[-1].set_xlabel("time (s)")
+        save(fig, "limit_cuts.png")
     return files
 
 

@@ -3,6 +3,7 @@ the oracle when it is wanted, run every arm on fresh engines, and gather results
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from sluice.bench.capacity import Capacity, calibrate
 from sluice.bench.engine_view import engine_profile
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
+from sluice.bench.noise import Jitter
+from sluice.bench.replay import plan_trace
 from sluice.bench.scenario import Scenario
 from sluice.bench.workload import ClientRequest, generate
 from sluice.sim.profiles import Profile
@@ -33,6 +36,8 @@ class Plan:
     rates_rps: list[float]  # per phase, all backends
     workload: list[ClientRequest]
     engine: str | None = None  # the engine surface every backend presents
+    trace: dict[str, Any] | None = None  # how a trace was replayed (`bench.replay`)
+    jitter: Jitter | None = None  # latency noise every arm's run gets (`bench.noise`)
 
     @property
     def sweet_spots(self) -> list[int]:
@@ -49,6 +54,14 @@ class Plan:
             "profile": self.profile.name,
             "engine": self.engine or "vllm",
             "requests": len(self.workload),
+            **(
+                {
+                    "trace": self.trace,
+                    "arrivals": arrivals_per_s(self.workload, self.scenario.duration),
+                }
+                if self.trace is not None
+                else {}
+            ),
             "phases": [
                 {
                     "name": p.name,
@@ -67,10 +80,45 @@ class Plan:
 
 
 def make_plan(scenario: Scenario, *, seed: int | None = None, engine: str | None = None) -> Plan:
+    """Capacity, rates and the workload; for a trace scenario, the replay's (its
+    `plan.scenario` has the phase in bench time: use it, not the one passed in)."""
     seed = scenario.spec.seed if seed is None else seed
     profile = scenario.spec.backends.build_profile()
     if engine is not None:
         profile = engine_profile(engine, profile)  # calibrated as that engine admits
+    if scenario.trace is not None:
+        tp = plan_trace(scenario, profile, seed=seed)
+        ts = scenario.spec.trace
+        assert ts is not None
+        info = {
+            "source": scenario.trace.source,
+            "format": scenario.trace.format,
+            "start_s": ts.start,
+            "duration_s": round(scenario.trace.duration, 3),
+            "requests": len(tp.workload),
+            "skipped_rows": scenario.trace.skipped,
+            "prompts_clamped": tp.clamped,
+            "peak_x_capacity": ts.peak,
+            "peak_window_s": ts.peak_window,
+            "busiest_rps_trace_time": round(tp.busiest_rps, 3),
+            "time_scale": round(tp.time_scale, 4),
+            "length_scale": scenario.trace_length_scale,
+            "class_rule": (
+                {"column": ts.class_column, "values": ts.class_values}
+                if ts.class_column
+                else {"shares": ts.classes}
+            ),
+        }
+        return Plan(
+            tp.scenario,
+            profile,
+            seed,
+            [tp.capacity],
+            [tp.rate_rps],
+            tp.workload,
+            engine,
+            trace=info,
+        )
     n = scenario.spec.backends.count
     tpot_slo = scenario.slos["P0"].tpot
     capacities = [calibrate(profile, p, tpot_slo) for p in scenario.phases]
@@ -101,6 +149,7 @@ def run_plan_arm(
         seed=plan.seed,
         series_interval=series_interval,
         progress=tick,
+        jitter=plan.jitter,
         engine=plan.engine,
     )
 
@@ -180,10 +229,14 @@ def run_virtual(
     *,
     seed: int | None = None,
     progress: Progress | None = None,
+    cap: int | None = None,
+    jitter: Jitter | None = None,
     engine: str | None = None,
 ) -> dict[str, Any]:
-    """Run the arms of a scenario in virtual time; the results.json document. `engine`:
-    the engine surface every backend presents (sluice.sim.surfaces)."""
+    """Run the arms of a scenario in virtual time; the results.json document. `cap`: the
+    `static` and `litellm` arms' cap (default: the first phase's sweet spot). `jitter`:
+    latency noise between engines and gateway for every run, the oracle's sweep included.
+    `engine`: the engine surface every backend presents (sluice.sim.surfaces)."""
     started = time.perf_counter()
     arms = list(arms or scenario.spec.arms)
     for a in arms:
@@ -192,6 +245,8 @@ def run_virtual(
     if progress is not None:
         progress("calibrating capacity", 0.0)
     plan = make_plan(scenario, seed=seed, engine=engine)
+    plan.jitter = jitter
+    scenario = plan.scenario  # a trace's phase is in bench time only now
     calibrated = time.perf_counter()
     oracle_caps: list[int] | None = None
     sweep: list[dict[str, Any]] | None = None
@@ -204,15 +259,15 @@ def run_virtual(
             a,
             scenario,
             max_limit=plan.max_limit,
-            static_cap=plan.sweet_spots[0],
+            static_cap=cap or plan.sweet_spots[0],
             oracle_caps=oracle_caps,
         )
         run = run_plan_arm(plan, spec, progress, a)
         runs[a] = run
         res = arm_results(run, scenario, sweet_spots=plan.sweet_spots, settle_targets=oracle_caps)
         res["series"] = _series_for_json(run)
-        if a == "static":
-            res["cap"] = plan.sweet_spots[0]
+        if a in ("static", "litellm"):
+            res["cap"] = cap or plan.sweet_spots[0]
         if a == "oracle":
             res["caps_per_phase"] = oracle_caps
         results[a] = res
@@ -222,6 +277,9 @@ def run_virtual(
         "mode": "virtual",
         "seed": plan.seed,
         "cpu": {"busy_fraction_max": None, "saturated": False},
+        **(
+            {"jitter": {"p50_s": jitter.p50_s, "p99_s": jitter.p99_s}} if jitter is not None else {}
+        ),
         "plan": plan.describe(),
         "slos": {c: s.model_dump(exclude_none=True) for c, s in scenario.slos.items()},
         "oracle_sweep": sweep,
@@ -244,8 +302,23 @@ def _thin(points: list[Any], limit: int) -> list[Any]:
     return [points[int(i * step)] for i in range(limit)]
 
 
+def _finite(col: list[float]) -> list[float | None]:
+    return [None if isinstance(v, float) and math.isinf(v) else v for v in col]
+
+
+def arrivals_per_s(workload: list[ClientRequest], duration: float) -> dict[str, Any]:
+    """Arrivals per second in bins (about 200 of them), for a trace's plot."""
+    width = max(1.0, round(duration / 200))
+    n = max(1, math.ceil(duration / width))
+    counts = [0] * n
+    for r in workload:
+        counts[min(n - 1, int(r.arrival / width))] += 1
+    return {"bin_s": width, "per_s": [round(c / width, 3) for c in counts]}
+
+
 def _series_for_json(run: ArmRun) -> dict[str, Any]:
     s = dict(run.series)
+    s["limit"] = [_finite(col) for col in s["limit"]]  # a peer without a cap: no limit
     # TTFT per class over time: (time of the first token, TTFT from the first attempt)
     ttft: dict[str, list[tuple[float, float]]] = {"P0": [], "P1": [], "P2": []}
     for r in run.requests:

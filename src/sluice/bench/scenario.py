@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from sluice.bench.trace import Trace, TraceError, read_trace, resolve_trace_path
 from sluice.config import Duration
 from sluice.sim.profiles import Profile, get_profile
 
@@ -108,6 +109,14 @@ class Retry(_Model):
     on_timeout: bool = False
     spread: float = Field(default=0.5, ge=0)
     backoff: Duration = Field(default=1.0, ge=0)
+    # A Retry-After above this is not waited for: the client gives up (the OpenAI SDK's
+    # MAX_RETRY_AFTER_DELAY). None = any Retry-After is followed.
+    max_retry_after: Duration | None = Field(default=None, gt=0)
+    # The back-off is capped here (the OpenAI SDK's MAX_RETRY_DELAY); None = no cap.
+    backoff_max: Duration | None = Field(default=None, gt=0)
+    # The back-off's jitter: x (1 + backoffJitter * U); None = `spread`. The OpenAI SDK
+    # takes up to a quarter off (-0.25).
+    backoff_jitter: float | None = Field(default=None, ge=-1)
 
 
 class ClientBehaviour(_Model):
@@ -208,6 +217,42 @@ class BackendEvent(_Model):
     backend: int = Field(ge=0)
 
 
+class TraceSpec(_Model):
+    """Replay a request trace (docs/bench.md, "Traces") instead of drawing from phases."""
+
+    # A trace file (Azure LLM inference trace or BurstGPT CSV, optionally .gz), relative to
+    # the scenario file; or the name of a trace shipped with Sluice (`azure-conv-2023`).
+    path: str = Field(min_length=1)
+    start: Duration = Field(default=0.0, ge=0)  # the slice: trace seconds from its start
+    duration: Duration | None = Field(default=None, gt=0)  # None: to the trace's end
+    # Scale time so that the busiest `peakWindow` of trace time (sliding) offers `peak` x
+    # the backends' capacity for the trace's mix; None: `speedup` (default 1: trace time).
+    peak: float | None = Field(default=None, gt=0)
+    peak_window: Duration = Field(default=60.0, gt=0)
+    speedup: float | None = Field(default=None, gt=0)
+    # Each request's class: a share per class by a stable hash of its line in the file...
+    classes: dict[ClassName, float] = Field(
+        default_factory=lambda: {"P0": 0.2, "P1": 0.4, "P2": 0.4}
+    )
+    # ... or the value of a column (BurstGPT's `Model`, `Log Type`): value -> class.
+    class_column: str | None = None
+    class_values: dict[str, ClassName] = Field(default_factory=dict)
+    # What each request declares as max_tokens: its own output length (forced, as the
+    # replay sends max_tokens = output with ignore_eos) when None.
+    max_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TraceSpec:
+        if self.peak is not None and self.speedup is not None:
+            raise ValueError("give at most one of `peak` and `speedup`")
+        if self.class_column is None:
+            if any(v < 0 for v in self.classes.values()) or sum(self.classes.values()) <= 0:
+                raise ValueError("`classes` shares must be >= 0 with a positive sum")
+        elif not self.class_values:
+            raise ValueError("`classColumn` needs `classValues` (column value -> class)")
+        return self
+
+
 class RealMode(_Model):
     """How the scenario shrinks to run against real processes on this machine."""
 
@@ -225,7 +270,8 @@ class ScenarioSpec(_Model):
     tenants: tuple[TenantSpec, ...] = DEFAULT_TENANTS
     slos: dict[ClassName, Slo] = Field(default_factory=dict)
     clients: dict[ClassName, ClientBehaviour] = Field(default_factory=dict)
-    phases: tuple[Phase, ...] = Field(min_length=1)
+    phases: tuple[Phase, ...] = ()
+    trace: TraceSpec | None = None  # replaces `phases`
     events: tuple[BackendEvent, ...] = ()
     # After the last arrival, let requests finish for at most this long.
     drain: Duration = Field(default=60.0, ge=0)
@@ -235,6 +281,13 @@ class ScenarioSpec(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioSpec:
+        if (self.trace is None) == (not self.phases):
+            raise ValueError("give either `phases` or a `trace` to replay")
+        if self.trace is not None:
+            if self.events:
+                raise ValueError("events: not with a trace (they are placed in phase time)")
+            self.backends.build_profile()
+            return self
         first = self.phases[0]
         missing = [
             f for f in ("mix", "prompt", "output", "max_tokens") if getattr(first, f) is None
@@ -277,6 +330,10 @@ class Scenario:
     phases: tuple[ResolvedPhase, ...]
     slos: dict[str, Slo]
     source: str
+    # The trace slice to replay (`spec.trace`), in trace time; `bench.replay` scales it.
+    trace: Trace | None = None
+    # Lengths of the trace's requests are multiplied by this (real mode's `lengthScale`).
+    trace_length_scale: float = 1.0
 
     @property
     def name(self) -> str:
@@ -333,17 +390,71 @@ class Scenario:
             for e in self.spec.events
             if e.backend < real.backends.count
         )
+        # A trace's slice gets shorter, but its time runs as fast: its drain stays.
+        drain = self.spec.drain * (1.0 if self.trace is not None else real.duration_scale)
         spec = self.spec.model_copy(
-            update={
-                "backends": real.backends,
-                "events": events,
-                "drain": self.spec.drain * real.duration_scale,
-            }
+            update={"backends": real.backends, "events": events, "drain": drain}
         )
-        return Scenario(spec=spec, phases=tuple(phases), slos=self.slos, source=self.source)
+        trace = self.trace
+        if trace is not None:
+            # the first part of the slice (durations x durationScale), lengths x lengthScale
+            trace = trace.slice(0.0, max(1e-9, trace.duration * real.duration_scale) + 1e-9)
+        return Scenario(
+            spec=spec,
+            phases=tuple(phases),
+            slos=self.slos,
+            source=self.source,
+            trace=trace,
+            trace_length_scale=self.trace_length_scale * k,
+        )
 
 
-def _resolve(spec: ScenarioSpec, source: str) -> Scenario:
+def _resolve_trace(spec: ScenarioSpec, source: str, folder: Path | None) -> Scenario:
+    """A trace scenario: its slice, read now, and one phase covering it (in trace time;
+    `bench.replay` scales it once the backends' capacity is known)."""
+    ts = spec.trace
+    assert ts is not None
+    path = resolve_trace_path(ts.path, folder)
+    trace = read_trace(path, column=ts.class_column).slice(ts.start, ts.duration)
+    if not trace.requests:
+        raise TraceError(str(path), None, f"no request in the slice from {ts.start:g} s")
+    if ts.class_column is not None:
+        for r in trace.requests:
+            if r.column not in ts.class_values:
+                raise TraceError(
+                    str(path), r.line, f"{ts.class_column} {r.column!r} has no class in classValues"
+                )
+    n = len(trace.requests)
+    mean_prompt = max(1, round(sum(r.prompt_tokens for r in trace.requests) / n))
+    mean_output = max(1, round(sum(r.output_tokens for r in trace.requests) / n))
+    shares = ts.classes if ts.class_column is None else {}
+    if ts.class_column is not None:
+        for r in trace.requests:
+            c = ts.class_values[r.column]  # type: ignore[index]
+            shares[c] = shares.get(c, 0.0) + 1.0  # type: ignore[index]
+    total = sum(shares.values())
+    end = max(trace.duration, 1e-3)
+    phase = ResolvedPhase(
+        index=0,
+        name="trace",
+        start=0.0,
+        end=end,
+        rate=ts.peak,
+        rate_rps=n / end,
+        process="trace",
+        mix={c: shares.get(c, 0.0) / total for c in CLASSES},  # type: ignore[call-overload]
+        prompt=_LengthDist(dist="fixed", value=mean_prompt),
+        output=_LengthDist(dist="fixed", value=mean_output),
+        max_tokens=ts.max_tokens or max(r.output_tokens for r in trace.requests),
+        clients={c: spec.clients.get(c, ClientBehaviour()) for c in CLASSES},  # type: ignore[call-overload]
+    )
+    slos = {c: spec.slos.get(c, DEFAULT_SLOS[c]) for c in CLASSES}  # type: ignore[call-overload]
+    return Scenario(spec=spec, phases=(phase,), slos=slos, source=source, trace=trace)
+
+
+def _resolve(spec: ScenarioSpec, source: str, folder: Path | None = None) -> Scenario:
+    if spec.trace is not None:
+        return _resolve_trace(spec, source, folder)
     phases: list[ResolvedPhase] = []
     t = 0.0
     prev: ResolvedPhase | None = None
@@ -382,18 +493,37 @@ def _format_errors(exc: ValidationError) -> list[str]:
     return lines
 
 
-def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+def parse_scenario(
+    text: str,
+    source: str = "<scenario>",
+    *,
+    folder: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Scenario:
+    """A scenario from YAML text. `folder`: where relative trace paths are looked for.
+    `overrides`: top-level keys replacing the file's (the command line's `--trace`...)."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ScenarioError(source, [f"(file): not valid YAML ({exc})"]) from exc
     if not isinstance(doc, dict):
         raise ScenarioError(source, ["(top level): expected a mapping"])
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key] = {**doc[key], **value}
+        else:
+            doc[key] = value
+        if key == "trace":
+            doc.pop("phases", None)
+            doc.pop("events", None)
     try:
         spec = ScenarioSpec.model_validate(doc)
     except ValidationError as exc:
         raise ScenarioError(source, _format_errors(exc)) from exc
-    return _resolve(spec, source)
+    try:
+        return _resolve(spec, source, folder)
+    except TraceError as exc:
+        raise ScenarioError(source, [f"trace.path: {exc}"]) from exc
 
 
 def builtin_scenarios() -> list[str]:
@@ -403,17 +533,22 @@ def builtin_scenarios() -> list[str]:
     )
 
 
-def load_scenario(name_or_path: str) -> Scenario:
-    """A built-in scenario by name (`burst`), or a YAML file by path."""
+def load_scenario(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
+    """A built-in scenario by name (`burst`), or a YAML file by path; `overrides` replace
+    top-level keys (a `trace` mapping is merged into the file's)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ScenarioError(str(path), [f"(file): cannot read ({exc.strerror})"]) from exc
-        return parse_scenario(text, str(path))
+        return parse_scenario(text, str(path), folder=path.parent, overrides=overrides)
     resource = resources.files("sluice.bench").joinpath(f"scenarios/{name_or_path}.yaml")
     if not resource.is_file():
         known = ", ".join(builtin_scenarios())
         raise ScenarioError(name_or_path, [f"unknown scenario; built-in scenarios: {known}"])
-    return parse_scenario(resource.read_text(encoding="utf-8"), f"scenarios/{name_or_path}.yaml")
+    return parse_scenario(
+        resource.read_text(encoding="utf-8"),
+        f"scenarios/{name_or_path}.yaml",
+        overrides=overrides,
+    )

@@ -193,11 +193,25 @@ def generate(
     return out
 
 
-def retry_delay(req: ClientRequest, attempt: int, retry_after_s: float | None, seed: int) -> float:
+def retry_delay(
+    req: ClientRequest,
+    attempt: int,
+    retry_after_s: float | None,
+    seed: int,
+    retry: Retry | None = None,
+) -> float | None:
     """How long the client waits before attempt `attempt + 1` after attempt `attempt`
-    (0-based) was refused with the given Retry-After (None: no advice)."""
-    r = req.retry
+    (0-based) was refused with the given Retry-After (None: no advice); None when the
+    client will not wait that long (a Retry-After above `maxRetryAfter`). `retry`
+    replaces the request's own retry behaviour (a peer arm's clients)."""
+    r = req.retry if retry is None else retry
     u = unit_hash(seed, req.index, attempt + 1)
     if r.follow_retry_after and retry_after_s is not None and retry_after_s > 0:
+        if r.max_retry_after is not None and retry_after_s > r.max_retry_after:
+            return None
         return retry_after_s * (1.0 + r.spread * u)
-    return r.backoff * (2.0**attempt) * (1.0 + r.spread * u)
+    delay = r.backoff * (2.0**attempt)
+    if r.backoff_max is not None:
+        delay = min(delay, r.backoff_max)
+    jitter = r.spread if r.backoff_jitter is None else r.backoff_jitter
+    return delay * (1.0 + jitter * u)

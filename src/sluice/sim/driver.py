@@ -5,7 +5,15 @@ busy loop when idle). Each step is computed at its start and its tokens are deli
 its end, `duration` later. Back-to-back steps follow the engine's own timeline (the next
 step starts when the previous one ends, not when the timer happened to fire), so timer
 jitter does not slow the engine down; only a loop that falls more than `MAX_LAG_S` behind
-(a starved process) lets the engine lose time."""
+(a starved process) lets the engine lose time.
+
+`published` is the engine's state as vLLM V1 reports it in /metrics: the scheduler's
+stats of the last step that ended (`Scheduler.make_stats()` at the end of
+`update_from_output`): what that step ran, the KV it held, and the requests its
+scheduling left waiting -- not a request submitted while the step was running, which
+vLLM has not handed to its scheduler yet (it is added before the next step's `schedule`).
+A snapshot taken when the step is computed (its end state, arrivals excluded) is
+published when the step ends."""
 
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from sluice.sim.engine import (
     FINISH_STOP,
     Engine,
     EngineRequest,
+    EngineSnapshot,
     StepResult,
     TokenEvent,
 )
@@ -92,6 +101,8 @@ class EngineDriver:
         self._has_work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
+        # the state of the last step that ended, as vLLM publishes it (module docstring)
+        self.published: EngineSnapshot = engine.snapshot()
 
     def start(self) -> None:
         if self._task is None:
@@ -131,12 +142,14 @@ class EngineDriver:
             now = loop.time()
             start = now if prev_end is None else max(prev_end, now - MAX_LAG_S)
             result = engine.step(start)
+            state = engine.snapshot()  # before anything arrives during the step
             self.steps += 1
             if result.duration > 0:
                 # Behind schedule (a busy machine) the delay is <= 0: still yield, or the
                 # engine would starve the HTTP side of the process.
                 await asyncio.sleep(max(0.0, result.end - loop.time()))
                 prev_end = result.end
+            self.published = state
             self._deliver(result)
             if self._on_step is not None:
                 self._on_step(result)

@@ -1,7 +1,10 @@
 """/metrics for the simulator with vLLM V1's metric names, labels and buckets.
 
-Gauges and counters are read from the engine when scraped (nothing to update per step);
-histograms are fed from each step's result. Each `SimMetrics` has its own
+Gauges and counters are read when scraped from `snapshot()`: the engine's live state by
+default; `sluice sim`'s server hands it the scheduler's gauges as of the last step that
+ended (vLLM V1 reports its scheduler's stats once per step, so a request that arrived
+during the step is not "waiting" yet) and live counters; virtual time, the last step's
+state. Histograms are fed from each step's result. Each `SimMetrics` has its own
 CollectorRegistry, so several simulators can live in one process. Histograms are kept
 here rather than in prometheus_client.Histogram because a step observes one value per
 running request, and a bisect into a list is several times cheaper."""

@@ -14,6 +14,7 @@ aborted, so its KV blocks are freed at the next engine step."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from sluice.sim.driver import EngineDriver, RequestHandle
-from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
+from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest, EngineSnapshot
 from sluice.sim.model_registry import ModelRegistry
 from sluice.sim.openai_api import (
     CHAT,
@@ -70,11 +71,24 @@ class SimServer:
         for name, path in (lora_modules or {}).items():
             self.models_registry.load(name, path)
         self.engine = Engine(profile, seed=seed)
-        self.metrics = self.surface.metrics(self.engine, model_name, self.engine.snapshot)
+        self.metrics = self.surface.metrics(self.engine, model_name, self._scraped)
         engine, observe = self.engine, self.metrics.observe_step
         self.driver = EngineDriver(engine, on_step=lambda r: observe(r, engine.snapshot()))
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served
+
+    def _scraped(self) -> EngineSnapshot:
+        """What a scrape shows: the scheduler's gauges as of the last step that ended (as
+        vLLM V1 publishes them: `EngineDriver.published`), the counters as they stand."""
+        live, step = self.engine.snapshot(), self.driver.published
+        return dataclasses.replace(
+            live,
+            running=step.running,
+            waiting=step.waiting,
+            kv_usage=step.kv_usage,
+            used_blocks=step.used_blocks,
+            reserved_blocks=step.reserved_blocks,
+        )
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -1,0 +1,50 @@
+"""Latency noise for virtual time: the lag a busy machine's event loops add between an
+engine step's end and the moment the gateway (and its client) sees the step's tokens.
+
+Real mode runs the simulators, the gateway and the load generator as processes on one
+machine; when it is busy (other work, or the bench itself), each event loop wakes late, and
+the gateway sees a first token tens or hundreds of milliseconds after the engine made it.
+Virtual time delivers tokens at the step's end exactly. `Jitter(p50_s, p99_s)` delays each
+step's delivery by a lognormal draw with that median and 99th percentile (sigma = ln(p99 /
+p50) / 2.326), per backend from a seeded stream, in order (a later step is never seen before
+an earlier one). Take the figures from a real run's `arrival_late_p50_s` / `_p99_s` (how
+late the load generator's own loop was) to give virtual time the same machine.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+_Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+
+
+@dataclass(frozen=True, slots=True)
+class Jitter:
+    p50_s: float
+    p99_s: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.p50_s <= self.p99_s:
+            raise ValueError("jitter needs 0 < p50 <= p99")
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p99_s / self.p50_s) / _Z99
+
+    def sampler(self, seed: int, backend: int) -> random.Random:
+        return random.Random(f"{seed}/jitter/{backend}")
+
+    def draw(self, rng: random.Random) -> float:
+        return self.p50_s * math.exp(rng.gauss(0.0, self.sigma))
+
+
+def parse_jitter(text: str) -> Jitter:
+    """`P50_MS,P99_MS` (milliseconds), e.g. `15,250`."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        p50, p99 = (float(p) / 1000.0 for p in parts)
+    except ValueError:
+        raise ValueError(f"--jitter: expected P50_MS,P99_MS (got {text!r})") from None
+    return Jitter(p50, p99)
