@@ -249,7 +249,10 @@ class Controller:
         if m.num_gpu_blocks and m.block_size:
             b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
         if m.running is not None:
-            self._fleet.observe(b.inflight, m.running + (m.waiting or 0.0), self._clock.now())
+            on_backend = m.running + (m.waiting or 0.0)
+            self._fleet.observe(b.inflight - b.fresh, b.inflight, on_backend, self._clock.now())
+        b.scrapes += 1
+        b.fresh = 0
         # what is ours in the scrape's KV usage (the rest is other replicas'), and our
         # part of the fleet's claim on what is left
         if hasattr(b.limiter, "own_kv_tokens"):
@@ -711,6 +714,15 @@ class Controller:
     def pressure(self) -> float:
         return compute_pressure(self._pressure_inputs(self._clock.now()))
 
+    def fleet_share(self) -> float:
+        """This gateway's estimated part of the fleet sharing its backends (1: alone)."""
+        return self._fleet.value
+
+    def expect_peers(self, processes: int) -> None:
+        """`processes` gateway processes are alive (Redis's count): what a replica
+        assumes its part of the fleet is before its scrapes have shown it."""
+        self._fleet.expect_peers(processes)
+
     def state_of(self, request_id: str) -> RequestState:
         rec = self._records.get(request_id)
         return RequestState.GONE if rec is None else rec.state
@@ -759,6 +771,7 @@ class Controller:
             "algorithm": self._policy.limiter.algorithm,
             "expected_ttft_s": self._ttft.get(0.0),
             "aged_dispatches": self._dispatcher.aged_dispatches,
+            "fleet": self._fleet.describe(),
             "classes": classes,
             "backends": backends,
         }

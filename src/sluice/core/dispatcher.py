@@ -200,6 +200,8 @@ class Dispatcher:
     def assign(self, rec: RequestRecord, b: BackendState, now: float) -> None:
         b.inflight += 1
         b.inflight_tokens += rec.cost
+        b.fresh += 1
+        rec.epoch = b.scrapes
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
         b.prefill_tokens += rec.prompt_est
@@ -214,6 +216,8 @@ class Dispatcher:
             return
         b.inflight -= 1
         b.inflight_tokens -= rec.cost
+        if rec.epoch == b.scrapes:
+            b.fresh -= 1
         if rec.first_token_at is None:
             self.prefilled(rec)
         if b.inflight == 0:

@@ -11,14 +11,17 @@ replicas claim it once between them, also on a backend that is idle, where a scr
 nobody (the burst-start overshoot: R idle replicas each sending a burst's first requests
 into the same idle backend).
 
-The estimate is the ratio of two sums over scrapes: our requests there (at most what the
-scrape shows: ours sent since the engine's last step are not in it yet) and all requests
-there, both decayed with the time during which backends were busy (`tau_s`; a gap between
-busy scrapes counts at most `max_gap_s`), so an idle fleet keeps what it learned until the
-next burst. The sums start from a prior (`prior` weighted as `prior_weight` requests):
-before any evidence a replica assumes it is one of 1/prior (Redis's count of the live
-gateway processes can say better: `expect_peers`). A gateway whose scrapes have shown only
-its own requests is alone: share 1, the whole budget (as before there were fleets).
+The estimate is the ratio of two sums over fresh scrapes of busy backends: our requests
+the scrape surely shows (those sent before the previous scrape: a scrape shows the engine
+as of its last step, so ours sent since may not be in it yet; counting only these keeps
+the estimate on the low side) and all requests it shows, both decayed with the time
+during which backends were busy (`tau_s`; a gap between busy scrapes counts at most
+`max_gap_s`), so an idle fleet keeps what it learned until the next burst. The sums start
+from a prior (`prior` weighted as `prior_weight` requests, fading as evidence does):
+before any evidence a replica assumes it is one of 1/prior (`expect_peers` sets it from a
+count of the live gateway processes, when the shell knows one). A gateway whose scrapes
+have shown `ALONE_AFTER` requests and none that could not be its own is alone: share 1,
+the whole budget (as before there were fleets).
 Pure: time is passed in.
 """
 
@@ -28,14 +31,24 @@ import math
 
 PRIOR = 0.25  # a fresh replica's assumed share: a fleet of up to 4 claims a room once
 PRIOR_WEIGHT = 4.0  # the prior counts as this many requests seen
-ALONE_AFTER = 4.0  # requests seen, all ours: a lone gateway (share 1)
+ALONE_AFTER = 4.0  # requests seen, none of them surely another's: a lone gateway
 TAU_S = 5.0  # busy seconds over which older evidence fades
 MAX_GAP_S = 0.5  # an idle gap between busy scrapes ages the evidence at most this much
 MIN_SHARE = 1e-3
 
 
 class FleetShare:
-    __slots__ = ("_at", "_kept", "_on", "_own", "max_gap_s", "prior", "prior_weight", "tau_s")
+    __slots__ = (
+        "_at",
+        "_kept",
+        "_on",
+        "_others",
+        "_own",
+        "max_gap_s",
+        "prior",
+        "prior_weight",
+        "tau_s",
+    )
 
     def __init__(
         self,
@@ -53,23 +66,26 @@ class FleetShare:
         self.prior_weight = prior_weight
         self.tau_s = tau_s
         self.max_gap_s = max_gap_s
-        self._own = 0.0  # evidence: our requests the scrapes showed (decayed)
-        self._on = 0.0  # ... and all requests they showed
+        self._own = 0.0  # evidence: our requests the scrapes surely showed (decayed)
+        self._on = 0.0  # ... all requests they showed
+        self._others = 0.0  # ... and those that could not be ours
         self._kept = 1.0  # what is left of the prior's weight (it fades like evidence)
         self._at: float | None = None  # the last busy scrape
 
     @property
     def value(self) -> float:
         """Our estimated part of the fleet's requests, in (0, 1]: exactly 1 once the
-        scrapes have shown `ALONE_AFTER` requests and every one of them was ours."""
-        if self._on >= ALONE_AFTER and self._own >= self._on * (1.0 - 1e-9):
+        scrapes have shown `ALONE_AFTER` requests and none that could not be ours."""
+        if self._on >= ALONE_AFTER and self._others <= 1e-9 * self._on:
             return 1.0
         w = self.prior_weight * self._kept
         return max(MIN_SHARE, min(1.0, (self._own + self.prior * w) / (self._on + w)))
 
-    def observe(self, own: int, on_backend: float, now: float) -> None:
+    def observe(self, settled: int, inflight: int, on_backend: float, now: float) -> None:
         """A fresh scrape of one backend: `on_backend` requests there (running +
-        waiting), `own` of ours in flight to it."""
+        waiting); `inflight` of ours in flight to it, `settled` of which were sent before
+        the previous scrape (the scrape shows the engine as of its last step: those it
+        surely shows, unless they ended there since; the others maybe not yet)."""
         if on_backend <= 0:
             return  # an idle backend says nothing about who else is sending
         if self._at is not None:
@@ -78,10 +94,12 @@ class FleetShare:
                 decay = math.exp(-gap / self.tau_s)
                 self._own *= decay
                 self._on *= decay
+                self._others *= decay
                 self._kept *= decay
         self._at = now
-        self._own += min(float(own), on_backend)
+        self._own += min(float(settled), on_backend)
         self._on += on_backend
+        self._others += max(0.0, on_backend - inflight)
 
     def expect_peers(self, processes: int) -> None:
         """`processes` gateway processes are known to be alive (Redis's count of them):

@@ -58,9 +58,10 @@ Control:
     it once between them, and an excess is handed back the same way. An idle backend is
     claimed by fleet share: R replicas sending a burst's first requests into it take its
     room once, not R times (a scrape shows the engine as of its last step, so none of
-    them sees the others before the next one). Held until the next scrape: a request of ours that leaves frees
-    its room to us at once, another replica's only when a scrape shows it gone. Without
-    those metrics the budget is the whole fraction; a lone gateway (share 1) has it all.
+    them sees the others before the next one). Held until the next scrape: a request of
+    ours that leaves frees its room to us at once, another replica's only when a scrape
+    shows it gone. Without those metrics the budget is the whole fraction; a lone gateway
+    (share 1) has it all.
 """
 
 from __future__ import annotations
