@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-PRIOR = 0.25  # a fresh replica's assumed share: a fleet of up to 4 claims a room once
+PRIOR = 1 / 16  # a fresh replica's assumed share: a fleet of up to 16 claims a room once
 PRIOR_WEIGHT = 4.0  # the prior counts as this many requests seen
 ALONE_AFTER = 4.0  # requests seen, none of them surely another's: a lone gateway
 TAU_S = 5.0  # busy seconds over which older evidence fades
