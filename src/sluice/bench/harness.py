@@ -764,6 +764,8 @@ class _Run:
                 r.admitted_after_ra += 1
             self._send(t, r, self.name_index[a.backend])
         nw = ctrl.next_wakeup()
+        if nw is not None:
+            nw -= self.gw_clocks[gw].offset  # the replica's clock -> virtual time
         at = self.wakeup_at[gw]
         if nw is not None and (at is None or nw < at):
             if nw <= t:
