@@ -11,8 +11,9 @@ Kubernetes runs Sluice as a Deployment behind a Service (deploy/k8s/deployment.y
     (`clock_skew_s`: each replica's clock is offset by a seeded draw in +-skew), and its
     scrape loop (gateway/backend_pool.py `_scrape_loop`) gathers one answer per backend,
     then sleeps `scraper.interval`: a round takes as long as its slowest answer
-    (`scrape_lag`, a lognormal round trip per backend and round), the state read is the
-    engine's as the request reached it, applied when the round's answers are in.
+    (`scrape_lag`, a lognormal round trip per backend and round); the state read is each
+    engine's as of the round's start (its last completed step), applied when the round's
+    slowest answer is in.
   * A rolling update (`RollingRestart`, maxSurge 1 / maxUnavailable 0 as the manifest
     says) replaces the replicas one after another, `every` seconds: the new one starts
     cold (fresh limiters and queues) and takes traffic at once (ready when a backend is
