@@ -103,3 +103,32 @@ def test_bad_fleet_flags_get_a_clear_error(
     args = parser.parse_args(["burst", "--out", str(tmp_path), *flags])
     assert run(args) == 2
     assert message in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_the_fleet_sweep_writes_its_tables_and_plot(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import json
+
+    case = CASE.replace("duration: 6s", "duration: 2s").replace("duration: 4s", "duration: 2s")
+    case = case.replace("drain: 20s", "drain: 10s").replace(
+        "  rollingRestart: {at: 3s, every: 1s, propagation: 0.5s, preStop: 1s, grace: 10s}\n",
+        "  sweep: {replicas: [1, 2], scrapeIntervals: [250ms, 1s]}\n",
+    )
+    path = tmp_path / "fleet-small.yaml"
+    path.write_text(case)
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    out = tmp_path / "out"
+    args = parser.parse_args([str(path), "--arms", "sluice", "--fleet-sweep", "--out", str(out)])
+    assert run(args) == 0
+    sweep = json.loads((out / "results.json").read_text())["fleet_sweep"]
+    assert [r["replicas"] for r in sweep["by_replicas"]] == [1, 2]
+    assert [r["scrape_interval_s"] for r in sweep["by_scrape_interval"]] == [0.25, 1.0]
+    assert [g["scrape_interval_s"] for g in sweep["one_gateway"]] == [0.25, 1.0]
+    for row in sweep["by_replicas"] + sweep["by_scrape_interval"]:
+        assert row["goodput_vs_one_gateway"] is not None and row["preemptions"] == 0
+    assert (out / "fleet_sweep.png").stat().st_size > 0
+    assert "The fleet against one gateway" in (out / "report.md").read_text()
+    assert "the fleet against one gateway, by replicas" in capsys.readouterr().out
