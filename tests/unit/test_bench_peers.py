@@ -274,3 +274,13 @@ def test_a_peer_arm_has_no_sluice_policy() -> None:
         ArmSpec("x", policy=object(), gateway=lambda c, b: None)  # type: ignore[arg-type]
     assert not peer_arm("envoy", cap=1).is_direct
     assert math.isclose(peer_arm("gie", cap=1).scrape_interval_s or 0, 0.05)
+
+
+def test_the_real_mode_proxy_answers_refusals_as_the_peer_does() -> None:
+    from sluice.bench.peers.proxy import _refusal
+
+    litellm = _refusal(PeerCode.LITELLM_PARALLEL, 60.0)
+    assert (litellm.status, litellm.headers["Retry-After"]) == (429, "60")
+    envoy = _refusal(PeerCode.ENVOY_LIMIT, None)
+    assert envoy.status == 503 and "Retry-After" not in envoy.headers
+    assert b'"code":"concurrency_limit"' in envoy.body  # type: ignore[operator]

@@ -33,7 +33,7 @@ from sluice.bench.peers import PEER_ARMS, peer_factory
 from sluice.bench.peers.base import STATUS, PeerAdmission, PeerCode, PeerGateway
 from sluice.core.clock import MonotonicClock
 from sluice.core.types import Assignment, Outcome, RequestInfo
-from sluice.gateway.backend_metrics import MetricsParser
+from sluice.gateway.engines.vllm import VllmAdapter
 
 _ROUTES = ("/v1/completions", "/v1/chat/completions")
 
@@ -94,7 +94,7 @@ class PeerProxy:
         self.pump()
 
     async def scrape(self, session: aiohttp.ClientSession) -> None:
-        parsers = {name: MetricsParser() for name in self.urls}
+        parsers = {name: VllmAdapter() for name in self.urls}  # the simulators are vLLM
         interval = self.gw.scrape_interval_s
         clock = MonotonicClock()
         while True:
@@ -104,7 +104,7 @@ class PeerProxy:
                     timeout = aiohttp.ClientTimeout(total=max(0.5, 4 * interval))
                     async with session.get(f"{url}/metrics", timeout=timeout) as r:
                         text = await r.text()
-                    self.gw.on_metrics(name, parsers[name].parse(text, clock.now()))
+                    self.gw.on_metrics(name, parsers[name].read({"/metrics": text}, clock.now()))
                 except (aiohttp.ClientError, TimeoutError, ValueError):
                     self.gw.metrics_stale(name)
             self.pump()
