@@ -160,3 +160,35 @@ async def test_three_replicas_keep_the_backends_free_of_preemptions_as_one_does(
             g.stop()
     _served_enough(outcomes)
     assert three == 0
+
+
+# The bound on a burst into idle backends (docs/limiter.md "Shared backends"): one gateway
+# alone holds a tiny backend at L = floor(0.8 x 4,096 / 360) = 9 requests of this mix
+# (its KV budget over the requests' footprint, prompt + max_tokens). A replica that has
+# seen no traffic assumes it is one of 16 (core/fleet_share.py), so on an idle backend it
+# claims 1/16 of the budget, 204.8 tokens: less than one request, and the limiter's
+# minimum lets it send one. From the first scrape that shows requests there, the
+# replicas' claims are own + share x room with shares that add up to at most 1, each
+# rounded down to whole requests but never below that one: together at most L, plus one
+# request per replica. Bound: L + R = 9 + 4 = 13 requests running on a backend.
+SOLO_LIMIT = 9
+REPLICAS = 4
+PEAK = "sluice_sim:num_requests_running_max"
+
+
+async def test_four_fresh_replicas_burst_into_idle_backends_within_the_bound(
+    sim_factory: SimFactory,
+) -> None:
+    sims = _sims(sim_factory)
+    gateways = _gateways([s.url for s in sims], REPLICAS)
+    try:
+        preempted, outcomes = await _phase("4 gateways", sims, [g.url for g in gateways])
+    finally:
+        for g in gateways:
+            g.stop()
+    peaks = [s.metrics()[PEAK] for s in sims]
+    bound = SOLO_LIMIT + REPLICAS
+    print(f"peak running per backend {peaks}; bound {bound}")
+    _served_enough(outcomes)
+    assert preempted == 0
+    assert max(peaks) <= bound, peaks

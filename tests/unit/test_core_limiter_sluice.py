@@ -287,12 +287,13 @@ def test_describe_is_plain_data() -> None:
 TINY_KV = {"num_gpu_blocks": 256, "block_size": 16}
 
 
-def shared(own_requests: int, footprint: int = 360) -> SluiceLimiter:
+def shared(own_requests: int, footprint: int = 360, fleet_share: float = 0.25) -> SluiceLimiter:
     lim = limiter()
     lim.on_metrics(BackendMetrics(at=0.0, **TINY_KV), 0.0)  # type: ignore[arg-type]
     for n in range(1, own_requests + 1):
         lim.on_dispatch(n, footprint, 0.0)
     lim.own_kv_tokens = float(own_requests * footprint)
+    lim.fleet_share = fleet_share  # as the controller sets it from core/fleet_share.py
     return lim
 
 
@@ -301,29 +302,33 @@ def scrape(lim: SluiceLimiter, running: int, kv_usage: float, waiting: int = 0) 
     lim.on_metrics(m, 1.0)
 
 
-def test_alone_on_a_backend_twice_in_a_row_the_whole_budget_is_ours() -> None:
-    lim = shared(3)
-    scrape(lim, running=3, kv_usage=0.6)  # only ours there, once: others may not show yet
-    # the usage not ours (2,457.6 - 1,080) counts as the others'; we claim the floor share
-    # of what is left: 1,080 + 0.25 * (3,276.8 - 1,080 - 1,377.6)
-    assert lim.kv_budget_tokens == pytest.approx(1284.8)
-    scrape(lim, running=3, kv_usage=0.6)  # again: we are alone, whatever the usage
+def test_a_lone_gateway_has_the_whole_budget_whatever_the_usage() -> None:
+    lim = shared(3, fleet_share=1.0)
+    scrape(lim, running=3, kv_usage=0.6)
     assert lim.kv_budget_tokens == pytest.approx(3276.8)
     assert lim.limit == 9  # floor(3276.8 / 360)
 
 
-def test_an_idle_backend_gives_an_idle_replica_only_the_floor_share() -> None:
-    # Three replicas that all see an idle backend and then get a burst must not each take
-    # the whole budget before their next scrape.
-    lim = shared(0)
-    scrape(lim, running=0, kv_usage=0.0)
-    assert lim.kv_budget_tokens == pytest.approx(0.25 * 3276.8)
+@pytest.mark.parametrize("replicas", [1, 2, 4, 8, 16])
+def test_replicas_starting_on_an_idle_backend_claim_its_room_once_between_them(
+    replicas: int,
+) -> None:
+    # R replicas that all see an idle backend and then get a burst must not each take the
+    # whole budget before their next scrape: each claims its part of the fleet.
+    budgets = []
+    for _ in range(replicas):
+        lim = shared(0, fleet_share=1.0 / replicas)
+        scrape(lim, running=0, kv_usage=0.0)
+        budgets.append(lim.kv_budget_tokens)
+    assert budgets[0] == pytest.approx(3276.8 / replicas)
+    assert sum(budgets) == pytest.approx(3276.8)
 
 
 def test_with_other_replicas_we_claim_our_share_of_the_room_left_by_their_requests() -> None:
-    lim = shared(3)
+    lim = shared(3, fleet_share=1 / 3)
     # 9 requests there, 3 ours: the others' 6 will hold 6 * 360 tokens (more than the
-    # 2,048 - 1,080 of the usage that is not ours yet); 36.8 tokens of room are left
+    # 2,048 - 1,080 of the usage that is not ours yet); 36.8 tokens of room are left, of
+    # which we claim (3 + 4 * 1/3) / (9 + 4) = 1/3
     scrape(lim, running=8, waiting=1, kv_usage=0.5)
     assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)  # 1,092.27
     assert lim.limit == 3  # floor(1092.27 / 360)
@@ -332,54 +337,49 @@ def test_with_other_replicas_we_claim_our_share_of_the_room_left_by_their_reques
     assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)
 
 
+def test_our_claim_leans_toward_our_part_of_the_fleet_on_a_backend_with_few_requests() -> None:
+    # 2 requests there, both ours, but we are one of 4 (the others' first requests may
+    # not show yet): we claim (2 + 4 * 0.25) / (2 + 4) = 1/2 of the room; the usage not
+    # ours (819.2 - 720) counts as the others'
+    lim = shared(2, fleet_share=0.25)
+    scrape(lim, running=2, kv_usage=0.2)
+    assert lim.kv_budget_tokens == pytest.approx(720 + (3276.8 - 720 - 99.2) / 2)  # 1,948.8
+
+
 def test_the_others_waiting_requests_count_against_the_room() -> None:
-    lim = shared(2)
-    # 4 requests of others still waiting: not in the usage yet, but they will be
+    lim = shared(2, fleet_share=1 / 3)
+    # 4 requests of others still waiting: not in the usage yet, but they will be; our
+    # claim is (2 + 4/3) / (6 + 4) = 1/3
     scrape(lim, running=2, waiting=4, kv_usage=0.2)
     assert lim.kv_budget_tokens == pytest.approx(720 + (3276.8 - 720 - 4 * 360) / 3)
 
 
 def test_over_the_budget_we_give_back_our_share_of_the_excess() -> None:
-    lim = shared(3)
+    lim = shared(3, fleet_share=1 / 3)
     scrape(lim, running=9, kv_usage=0.85)  # 3,481.6 used: 204.8 over
     assert lim.kv_budget_tokens == pytest.approx(1080 - 204.8 / 3)  # 1,011.7333...
     assert lim.limit == 2
 
 
-def test_a_replica_with_nothing_in_flight_claims_the_floor_share() -> None:
-    lim = shared(0)
+def test_a_replica_with_nothing_in_flight_claims_its_part_of_the_room() -> None:
+    lim = shared(0, fleet_share=0.25)
+    # 6 requests of others, 2,048 tokens: (0 + 4 * 0.25) / (6 + 4) = 0.1 of 1,228.8
     scrape(lim, running=6, kv_usage=0.5)
-    assert lim.kv_budget_tokens == pytest.approx(0.25 * 1228.8)  # 307.2
+    assert lim.kv_budget_tokens == pytest.approx(122.88)
     scrape(lim, running=12, kv_usage=0.95)  # others overfill it: nothing for us
     assert lim.kv_budget_tokens == 0.0
     # (the dispatcher still sends one request to a backend with nothing of ours on it)
 
 
-def test_stale_metrics_give_the_whole_budget_back_and_the_others_leaving_too() -> None:
-    lim = shared(3)
+def test_stale_metrics_give_the_whole_budget_back() -> None:
+    lim = shared(3, fleet_share=1 / 3)
     scrape(lim, running=9, kv_usage=0.5)
     assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)
     lim.on_metrics_stale(1.5)
     assert lim.kv_budget_tokens == pytest.approx(3276.8)
-    scrape(lim, running=9, kv_usage=0.5)
-    # the others left: once is not enough, we keep our share (a third) of the room
+    # the others left: our claim is (3 + 4/3) / (3 + 4) of the room
     scrape(lim, running=3, kv_usage=0.3)
-    assert lim.kv_budget_tokens == pytest.approx(1080 + 2048 / 3)
-    scrape(lim, running=3, kv_usage=0.3)
-    assert lim.kv_budget_tokens == pytest.approx(3276.8)
-
-
-def test_a_lone_replica_that_sees_one_stray_request_keeps_most_of_the_budget() -> None:
-    lim = shared(8)  # 2,880 tokens of ours
-    scrape(lim, running=8, kv_usage=0.5)
-    scrape(lim, running=8, kv_usage=0.5)
-    assert lim.kv_budget_tokens == pytest.approx(3276.8)  # alone, twice in a row
-    # one request there is not ours (an abort the engine has not processed yet)
-    scrape(lim, running=9, kv_usage=0.55)
-    share = 8 / 9
-    assert lim.kv_budget_tokens == pytest.approx(2880 + share * (3276.8 - 2880 - 360))
-    scrape(lim, running=8, kv_usage=0.5)  # alone again, once: the share we had
-    assert lim.kv_budget_tokens == pytest.approx(2880 + share * (3276.8 - 2880))
+    assert lim.kv_budget_tokens == pytest.approx(1080 + (13 / 21) * (3276.8 - 1080 - 148.8))
 
 
 def test_the_kv_cap_follows_the_footprint_of_the_requests_being_admitted() -> None:
@@ -398,8 +398,3 @@ def test_the_kv_cap_follows_the_footprint_of_the_requests_being_admitted() -> No
     assert lim.limit == 3
     lim.on_dispatch(3, 100, 0.4)
     assert lim.limit == 12
-
-
-def test_kv_claim_floor_must_be_a_share() -> None:
-    with pytest.raises(ValueError, match="kv_claim_floor"):
-        limiter(kv_claim_floor=0.0)

@@ -10,6 +10,8 @@
 * `slo`: `sluice` with the `slo` limiter (steered by the classes' objectives).
 * `oracle`: Sluice's classes and dispatcher with a fixed cap per phase, the best one a
   sweep over caps found for that phase (`bench.runner.oracle_sweep`).
+* `one-gateway`: `sluice` as one gateway where the scenario runs a fleet of replicas
+  (`fleet:`): the same engines, scrapes and clients, one controller (`bench.fleet`).
 * `gie`, `gie-flow`, `litellm`, `envoy`: the peers' own decisions (`bench.peers`); LiteLLM's
   `max_parallel_requests` is the first phase's sweet spot, as `static`'s cap.
 
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.bench.fleet import ONE_GATEWAY
 from sluice.bench.harness import ArmSpec
 from sluice.bench.peers import PEER_ARMS, peer_arm
 from sluice.bench.scenario import Scenario
 from sluice.config import CLASS_NAMES, DEFAULT_QUEUES, Policy
 
-ARMS = ("direct", "static", "fifo", "sluice", "slo", "oracle", *PEER_ARMS)
+ARMS = ("direct", "static", "fifo", "sluice", "slo", "oracle", ONE_GATEWAY, *PEER_ARMS)
 VIRTUAL_ONLY = frozenset({"oracle"})
 
 FIFO_QUEUE_SIZE = sum(q.max_queue_size for q in DEFAULT_QUEUES)
@@ -116,8 +119,8 @@ def arm_spec(
         )
     if name == "fifo":
         return ArmSpec("fifo", fifo_policy(scenario, max_limit), True)
-    if name == "sluice":
-        return ArmSpec("sluice", sluice_policy(scenario, max_limit))
+    if name in ("sluice", ONE_GATEWAY):
+        return ArmSpec(name, sluice_policy(scenario, max_limit))
     if name == "slo":
         return ArmSpec("slo", sluice_policy(scenario, max_limit, algorithm="slo"))
     if name == "oracle":

@@ -12,9 +12,10 @@ from typing import Any
 import orjson
 
 from sluice.bench.arms import ARMS, VIRTUAL_ONLY
+from sluice.bench.fleet import BALANCES
 from sluice.bench.noise import parse_jitter
 from sluice.bench.scenario import ScenarioError, builtin_scenarios, load_scenario
-from sluice.config import CLASS_NAMES, ConfigError, Policy, load_policy
+from sluice.config import CLASS_NAMES, ConfigError, Policy, load_policy, parse_duration
 from sluice.sim.surfaces import SURFACES
 
 
@@ -106,6 +107,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--sweep-levels",
         metavar="C,C,...",
         help="concurrency levels to sweep (default: 0.5x to 1.5x the calibrated sweet spot)",
+    )
+    fleet = parser.add_argument_group(
+        "fleets of gateway replicas (docs/bench.md, Fleets)",
+        "virtual time: the gateway arms as R replicas in front of the same engines",
+    )
+    fleet.add_argument(
+        "--replicas", type=int, metavar="R", help="gateway replicas (the scenario's fleet)"
+    )
+    fleet.add_argument(
+        "--scrape-interval",
+        metavar="S",
+        help="how often each replica scrapes each engine, e.g. 250ms (the scenario's; 250ms)",
+    )
+    fleet.add_argument(
+        "--balance",
+        choices=BALANCES,
+        help="how the Service spreads client connections over the replicas",
+    )
+    fleet.add_argument(
+        "--fleet-sweep",
+        action="store_true",
+        help="after the arms: the fleet against one gateway at R = 1, 2, 4, 8, 16 and at "
+        "scrape intervals 100ms to 2s (the scenario's fleet.sweep), a table and a plot",
     )
     parser.add_argument(
         "--policy",
@@ -207,6 +231,21 @@ def run(args: argparse.Namespace) -> int:
             overrides = {**(overrides or {}), "slos": policy_slos(load_policy(args.policy))}
         scenario = load_scenario(name, overrides)
         arms = _arms(args, scenario.spec.arms)
+        fleet_flags = (args.replicas, args.scrape_interval, args.balance, args.fleet_sweep)
+        if args.mode == "real" and any(f not in (None, False) for f in fleet_flags):
+            raise ValueError(
+                "--replicas, --scrape-interval, --balance and --fleet-sweep are for virtual "
+                "mode (real mode: run several sluice serve, tests/integration/test_replicas.py)"
+            )
+        if args.replicas is not None and not 1 <= args.replicas <= 256:
+            raise ValueError("--replicas must be between 1 and 256")
+        if args.scrape_interval is not None:
+            try:
+                args.scrape_interval = parse_duration(args.scrape_interval)
+            except ValueError as exc:
+                raise ValueError(f"--scrape-interval: {exc}") from None
+            if not args.scrape_interval > 0:
+                raise ValueError("--scrape-interval must be positive")
         if args.jitter:
             if args.mode == "real":
                 raise ValueError("--jitter models noise in virtual time; real mode has its own")
@@ -306,6 +345,10 @@ def _run_with_progress(
                 cap=args.cap,
                 jitter=jitter,
                 engine=args.engine,
+                replicas=args.replicas,
+                scrape_interval=args.scrape_interval,
+                balance=args.balance,
+                fleet_sweep=args.fleet_sweep,
             )
         from sluice.bench.real import run_real
 
@@ -404,6 +447,17 @@ def _print_summary(console: Any, results: dict[str, Any], wall: float) -> None:
     for r in rows:
         table.add_row(*r)
     console.print(table)
+    sweep = results.get("fleet_sweep")
+    if sweep:
+        from sluice.bench.fleet_sweep import HEAD, sweep_rows
+
+        for key, title in (("by_replicas", "replicas"), ("by_scrape_interval", "scrape interval")):
+            t = Table(title=f"the fleet against one gateway, by {title}")
+            for h in HEAD:
+                t.add_column(h, justify="right")
+            for r in sweep_rows(sweep, key):
+                t.add_row(*r)
+            console.print(t)
     cpu = results.get("cpu") or {}
     if results["mode"] == "real":
         busy = cpu.get("busy_fraction_max")

@@ -19,11 +19,15 @@ queue everything themselves (what clients talking straight to vLLM get).
 
 Gateway replicas (`ArmSpec.replicas` > 1): that many Controllers, each with its own
 limiters and queues, in front of the same engines, as several `sluice serve` behind a
-load balancer. Each client attempt goes to the next replica, round robin. Each replica
-scrapes every engine every `SCRAPE_INTERVAL_S`, replica k offset by k/replicas of the
-interval (replicas do not scrape in step), and probes health on its own. The series'
-`limit` of a backend is the sum of the replicas' limits, `pressure` their mean; the TTFT
-and TPOT p95 of a scrape go to replica 0 only (no limiter reads them).
+Service. `ArmSpec.fleet` (`bench.fleet`) says how: how the Service spreads client
+attempts over the ready replicas (round robin by default), each replica's clock (its own
+origin), its scrape rounds (a replica's round k starts k/replicas of an interval after
+replica 0's first; with a scrape lag the state read is applied when the round's slowest
+answer is in, and the next round starts an interval after that), a rolling restart
+(replicas replaced one by one, each old one draining as `sluice serve` does). Each
+replica probes health on its own. The series' `limit` of a backend is the sum
+of the live replicas' limits, `pressure` their mean; the TTFT and TPOT p95 of a scrape go
+to the first replica only (no limiter reads them).
 
 With an `engine` (sluice.bench.engine_view), each backend presents that engine's surface:
 scrapes read its metrics pages through the gateway's adapter for that engine, and the
@@ -34,12 +38,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.engine_view import EngineView
+from sluice.bench.fleet import Balancer, FleetSpec, ReplicaClock
 from sluice.bench.noise import Jitter
 from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
@@ -71,6 +77,8 @@ _BACKEND_EVENT = 5
 _HEALTH = 6
 _PHASE = 7
 _DELIVER = 8  # a step's tokens reach the gateway (with latency noise: `bench.noise`)
+_SCRAPED = 9  # a replica's scrape round is in (with a scrape lag: `bench.fleet`)
+_FLEET = 10  # a replica starts, leaves the Service, gets SIGTERM or is cut off
 
 # request outcomes
 OK = "ok"  # finished
@@ -111,6 +119,8 @@ class ArmSpec:
     client_retry: Retry | None = None
     # How often the gateway scrapes each backend (None: SCRAPE_INTERVAL_S).
     scrape_interval_s: float | None = None
+    # How the replicas are spread, clocked, scraped, restarted (`bench.fleet`).
+    fleet: FleetSpec | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -131,6 +141,7 @@ class ReqState:
         "aid",
         "attempt",
         "backend",
+        "conn",
         "end_at",
         "first_token_at",
         "gw",
@@ -155,6 +166,7 @@ class ReqState:
         self.state = 0
         self.backend = -1
         self.gw = 0  # the gateway replica of the current attempt
+        self.conn = -1  # the replica whose connection the attempt holds open (-1: none)
         self.queued_at = 0.0
         self.sent_at = 0.0
         self.first_token_at: float | None = None
@@ -201,6 +213,12 @@ class ArmRun:
     wall_s: float = 0.0
     events: int = 0
     controller_snapshot: dict[str, Any] | None = None
+    # per engine: the most requests it ran in one step, and when
+    peak_running: list[int] = field(default_factory=list)
+    peak_running_at: list[float] = field(default_factory=list)
+    # per gateway replica (replacements included): when it started, its arrivals, its
+    # rolling-restart steps and what was open or cut at each (`bench.fleet`)
+    replicas: list[dict[str, Any]] = field(default_factory=list)
 
 
 def plan_retry(
@@ -361,28 +379,34 @@ class _Run:
         self.now = 0.0
 
         self.clock = FakeClock()
-        self.ctrls: list[Controller] = []  # one per gateway replica; none for `direct`
         self.scrape_interval = arm.scrape_interval_s or SCRAPE_INTERVAL_S
+        self.fleet = arm.fleet or FleetSpec()
+        self.balancer = Balancer(self.fleet.balance, seed)
+        self.scrape_lag = self.fleet.scrape_lag
+        # Per replica, by index (a replacement gets the next one): its controller, clock,
+        # whether the Service sends to it, whether it still runs, its open client
+        # connections, its timer, the backends' health as it was told, its scrape draws.
+        self.ctrls: list[Controller] = []  # none for `direct`
+        self.gw_clocks: list[ReplicaClock] = []
+        self.in_service: list[bool] = []
+        self.running_gw: list[bool] = []
+        self.draining: list[bool] = []
+        self.conns: list[int] = []
+        self.wakeup_at: list[float | None] = []
+        self.healthy: list[list[bool]] = []
+        self.scrape_rng: list[Any] = []
+        self.gw_stats: list[dict[str, Any]] = []
+        self.ready: list[int] = []  # the replicas the Service sends to
+        self.peak_running = [0] * n  # the most requests each engine ran in one step
+        self.peak_running_at = [0.0] * n
         if arm.gateway is not None:
             self.ctrls.append(arm.gateway(self.clock, self.names))
+            self._replica_state(0.0)
         elif not arm.is_direct:
-            policy = arm.phase_policies[0] if arm.phase_policies else arm.policy
-            assert policy is not None
-            for k in range(arm.replicas):
-                kwargs = dict(arm.controller_kwargs)
-                if k:
-                    kwargs.setdefault("seed", f"replica-{k}")
-                ctrl = Controller(policy, self.clock, self.names, **kwargs)
-                for name in self.names:
-                    ctrl.set_backend_models(name, [MODEL])
-                    ctrl.set_backend_health(name, True)
-                self.ctrls.append(ctrl)
+            for _ in range(arm.replicas):
+                self._new_replica(0.0)
         self.ctrl: Controller | None = self.ctrls[0] if self.ctrls else None
         self.replicas = len(self.ctrls)
-        self.next_gw = 0  # round robin over the replicas
-        self.wakeup_at: list[float | None] = [None] * self.replicas
-        # per replica, per backend: healthy as that replica's controller was told
-        self.healthy = [[True] * n for _ in range(self.replicas)]
         self.limits = self._read_limits()
         # A fixed limit is never cut: no reaction to measure (and reading limits costs).
         self.measure_reaction = (
@@ -395,6 +419,123 @@ class _Run:
             )
         )
 
+    # -- the replicas -----------------------------------------------------------------
+
+    def _new_replica(self, t: float) -> int:
+        """A fresh `sluice serve` replica, in service from `t`; its index."""
+        k = len(self.ctrls)
+        arm = self.arm
+        policy = arm.phase_policies[0] if arm.phase_policies else arm.policy
+        assert policy is not None
+        if arm.phase_policies and t > 0:
+            policy = arm.phase_policies[self.scenario.phase_at(t).index]
+        kwargs = dict(arm.controller_kwargs)
+        if k:
+            kwargs.setdefault("seed", f"replica-{k}")
+        skew = self.fleet.clock_skew_s
+        offset = 0.0
+        if skew > 0:
+            offset = random.Random(f"{self.seed}/clock/{k}").uniform(-skew, skew)
+        clock = ReplicaClock(self.clock, offset)
+        ctrl = Controller(policy, clock, self.names, **kwargs)
+        for name in self.names:
+            ctrl.set_backend_models(name, [MODEL])
+            ctrl.set_backend_health(name, True)
+        self.ctrls.append(ctrl)
+        self._replica_state(t, clock)
+        return k
+
+    def _replica_state(self, t: float, clock: ReplicaClock | None = None) -> None:
+        k = len(self.gw_clocks)
+        self.gw_clocks.append(clock or ReplicaClock(self.clock, 0.0))
+        self.in_service.append(True)
+        self.running_gw.append(True)
+        self.draining.append(False)
+        self.conns.append(0)
+        self.wakeup_at.append(None)
+        self.healthy.append([True] * self.n)
+        self.scrape_rng.append(
+            self.scrape_lag.sampler(self.seed, 10_000 + k) if self.scrape_lag else None
+        )
+        self.gw_stats.append({"started_at": t, "arrivals": 0})
+        self.ready.append(k)
+
+    def _fleet_event(self, t: float, action: str, k: int) -> None:
+        """A step of the rolling restart for replica `k` (`bench.fleet.RollingRestart`)."""
+        restart = self.fleet.restart
+        assert restart is not None
+        stats = self.gw_stats[k]
+        if action == "replace":
+            new = self._new_replica(t)
+            self.gw_stats[new]["replaces"] = k
+            self.push(t, _SCRAPE, new)  # its scrape loop starts with it
+            self.push(t + restart.propagation, _FLEET, ("remove", k))
+            self.push(t + restart.pre_stop, _FLEET, ("sigterm", k))
+            self.push(t + restart.pre_stop + restart.grace, _FLEET, ("kill", k))
+            stats["replaced_at"] = t
+            return
+        if not self.running_gw[k]:
+            return
+        if action == "remove":  # the Service no longer sends to it
+            self.in_service[k] = False
+            self.ready.remove(k)
+            stats["removed_at"] = t
+            stats["open_at_removal"] = self._open_counts(k)
+        elif action == "sigterm":
+            self.draining[k] = True
+            stats["sigterm_at"] = t
+            stats["open_at_sigterm"] = self._open_counts(k)
+            if self.conns[k] == 0:
+                self._replica_exits(t, k, cut=False)
+        elif action == "kill":
+            self._replica_exits(t, k, cut=True)
+
+    def _open_counts(self, k: int) -> dict[str, int]:
+        snap = self.ctrls[k].snapshot()
+        queued = sum(c["queued"] for c in snap["classes"].values())
+        inflight = sum(b["inflight"] for b in snap["backends"].values())
+        return {"queued": queued, "inflight": inflight}
+
+    def _replica_exits(self, t: float, k: int, *, cut: bool) -> None:
+        """Replica `k` ends: at once when drained, or cut at the end of its grace period:
+        its clients' connections close (queued and running attempts fail; they retry as
+        after any failure), its running requests are aborted on their engines."""
+        self.running_gw[k] = False
+        self.in_service[k] = False
+        if k in self.ready:
+            self.ready.remove(k)
+        stats = self.gw_stats[k]
+        stats["exited_at"] = t
+        lost = {"queued": 0, "inflight": 0}
+        if cut:
+            for r in [r for r in self.by_aid.values() if r.gw == k and r.conn == k]:
+                if r.state == _QUEUED:
+                    lost["queued"] += 1
+                    self.queued_by_class[r.spec.priority] -= 1
+                    self.by_aid.pop(r.aid, None)
+                elif r.state == _INFLIGHT:
+                    lost["inflight"] += 1
+                    self._leave_backend(t, r, Outcome.CANCELLED)
+                    r.wasted += r.tokens
+                else:
+                    continue
+                self._retry_or_end(t, r, FAILED, None)
+        stats["cut_at_exit"] = lost
+
+    def replica_report(self) -> list[dict[str, Any]]:
+        out = []
+        for k, stats in enumerate(self.gw_stats):
+            entry = dict(stats)
+            if k < len(self.ctrls) and self.arm.gateway is None:
+                ctrl = self.ctrls[k]
+                entry["fleet_share"] = round(ctrl.fleet_share(), 4)
+            out.append(entry)
+        return out
+
+    def _live(self) -> list[int]:
+        """The replicas still running (in service or draining)."""
+        return [k for k, alive in enumerate(self.running_gw) if alive]
+
     # -- the event heap ---------------------------------------------------------------
 
     def push(self, t: float, kind: int, payload: Any) -> None:
@@ -402,12 +543,12 @@ class _Run:
         heapq.heappush(self.heap, (t, self.seq, kind, payload))
 
     def _read_limits(self) -> list[float]:
-        """Per backend, the sum of the replicas' limits."""
+        """Per backend, the sum of the live replicas' limits."""
         if not self.ctrls:
             return [math.inf] * self.n
         out = [0.0] * self.n
-        for ctrl in self.ctrls:
-            b = ctrl.snapshot()["backends"]
+        for k in self._live():
+            b = self.ctrls[k].snapshot()["backends"]
             for i, name in enumerate(self.names):
                 out[i] += float(b[name]["limit"])
         return out
@@ -428,6 +569,10 @@ class _Run:
         if self.arm.phase_policies:
             for p in self.scenario.phases[1:]:
                 self.push(p.start, _PHASE, p.index)
+        restart = self.fleet.restart
+        if restart is not None and self.ctrls and self.arm.gateway is None:
+            for k in range(self.replicas):
+                self.push(restart.at + k * restart.every, _FLEET, ("replace", k))
         heap = self.heap
         pop = heapq.heappop
         progress_every = 2000
@@ -459,10 +604,14 @@ class _Run:
                 self._backend_event(t, payload)
             elif kind == _DELIVER:
                 self._deliver(t, payload)
+            elif kind == _SCRAPED:
+                self._scraped(t, *payload)
+            elif kind == _FLEET:
+                self._fleet_event(t, *payload)
             elif kind == _PHASE:
                 assert self.ctrls and self.arm.phase_policies is not None
-                for ctrl in self.ctrls:
-                    ctrl.apply_policy(self.arm.phase_policies[payload])
+                for k in self._live():
+                    self.ctrls[k].apply_policy(self.arm.phase_policies[payload])
                 self._pump(t)
             self.now = t
             if self.outstanding == 0 and t >= self.duration:
@@ -487,6 +636,8 @@ class _Run:
             self._send(t, r, b)
             return
         single = self.arm.single_class
+        gw = self.balancer.pick(self.ready, self.conns) if len(self.ready) > 1 else self.ready[0]
+        clock = self.gw_clocks[gw]
         info = RequestInfo(
             request_id=r.aid,
             tenant="all" if single else spec.tenant,
@@ -495,12 +646,11 @@ class _Run:
             prompt_tokens=spec.prompt_tokens,
             max_tokens=spec.max_tokens,
             weight=1.0 if single else spec.weight,
-            client_deadline=None if spec.deadline is None else t + spec.deadline,
+            client_deadline=None if spec.deadline is None else clock.at(t) + spec.deadline,
             retry_attempt=r.attempt,
         )
-        gw = self.next_gw
-        self.next_gw = (gw + 1) % self.replicas
         r.gw = gw
+        self.gw_stats[gw]["arrivals"] += 1
         adm = self.ctrls[gw].arrive(info)
         if not adm.queued:
             assert adm.code is not None
@@ -508,6 +658,8 @@ class _Run:
         else:
             r.state = _QUEUED
             r.queued_at = t
+            r.conn = gw
+            self.conns[gw] += 1
             self.by_aid[r.aid] = r
             self.queued_by_class[spec.priority] += 1
             if spec.deadline is not None:
@@ -526,6 +678,8 @@ class _Run:
 
     def _retry_or_end(self, t: float, r: ReqState, outcome: str, retry_after: float | None) -> None:
         """The attempt failed: come back later if the client retries, else finish."""
+        if r.conn >= 0:
+            self._hang_up(t, r)
         spec = r.spec
         delay = plan_retry(r, outcome, retry_after, self.seed, t, self.arm.client_retry)
         if delay is not None:
@@ -573,12 +727,21 @@ class _Run:
 
     # -- the gateway ----------------------------------------------------------------------
 
-    def _pump(self, t: float, gw: int | None = None, *, check_cuts: bool = False) -> None:
-        """Let replica `gw` (None: every replica) act on what changed."""
+    def _pump(
+        self, t: float, gw: int | Iterable[int] | None = None, *, check_cuts: bool = False
+    ) -> None:
+        """Let replica `gw` (several; None: every live replica) act on what changed."""
         if not self.ctrls:
             return
-        for k in range(self.replicas) if gw is None else (gw,):
-            self._pump_one(t, k)
+        if gw is None:
+            gws: Iterable[int] = self._live()
+        elif isinstance(gw, int):
+            gws = (gw,)
+        else:
+            gws = gw
+        for k in gws:
+            if self.running_gw[k]:
+                self._pump_one(t, k)
         if self.open_episodes and (check_cuts or t >= self.next_cut_check):
             self.next_cut_check = t + CUT_CHECK_EVERY_S
             self._check_cuts(t)
@@ -601,6 +764,8 @@ class _Run:
                 r.admitted_after_ra += 1
             self._send(t, r, self.name_index[a.backend])
         nw = ctrl.next_wakeup()
+        if nw is not None:
+            nw -= self.gw_clocks[gw].offset  # the replica's clock -> virtual time
         at = self.wakeup_at[gw]
         if nw is not None and (at is None or nw < at):
             if nw <= t:
@@ -653,6 +818,9 @@ class _Run:
         result = engine.step(t)
         waiting = engine.num_waiting
         running = engine.num_running
+        if running > self.peak_running[b]:
+            self.peak_running[b] = running
+            self.peak_running_at[b] = t
         state = (running, waiting, engine.kv_usage)
         if self.views is not None:
             self.step_snaps[b] = engine.snapshot()
@@ -692,34 +860,39 @@ class _Run:
             at = max(t + self.jitter.draw(self.jitter_rng[b]), self.delivered_until[b])
             self.delivered_until[b] = at
             self.push(at, _DELIVER, (b, gen, result))
+            touched: set[int] = set()
         else:
-            self._tokens(t, b, result)
+            touched = self._tokens(t, b, result)
         if self.engines[b].has_work():
             self._start_step(t, b)
         else:
             self.busy[b] = False
-        if self.ctrls:
-            self._pump(t)
+        if touched:
+            self._pump(t, touched)
 
     def _deliver(self, t: float, payload: tuple[int, int, StepResult]) -> None:
         b, gen, result = payload
         if gen != self.engine_gen[b]:
             return  # the backend died since: its requests were cut then
-        self._tokens(t, b, result)
-        if self.ctrls:
-            self._pump(t)
+        touched = self._tokens(t, b, result)
+        if touched:
+            self._pump(t, touched)
 
-    def _tokens(self, t: float, b: int, result: StepResult) -> None:
-        """A step's tokens reach their clients (and the gateway) at `t`."""
+    def _tokens(self, t: float, b: int, result: StepResult) -> set[int]:
+        """A step's tokens reach their clients (and the gateway) at `t`; the replicas
+        whose requests they were (only those have anything new to act on)."""
         by_aid = self.by_aid
         ctrls = self.ctrls
         ttfts = self.ttft_window[b]
         gen_tokens = 0
+        touched: set[int] = set()
         for ev in result.tokens:
             r = by_aid.get(ev.request_id)
             if r is None or r.state != _INFLIGHT:
                 self.wasted_after_gone += 1  # its client had already gone
                 continue
+            if ctrls:
+                touched.add(r.gw)
             index = ev.index
             if index == 0:
                 r.first_token_at = t
@@ -736,8 +909,19 @@ class _Run:
                 self._completed(t, r, CANCELLED)
         if gen_tokens:
             self.itl_window[b].append((result.duration, gen_tokens))
+        return touched
+
+    def _hang_up(self, t: float, r: ReqState) -> None:
+        """The attempt's connection to its replica closes (a draining one may exit)."""
+        gw = r.conn
+        r.conn = -1
+        self.conns[gw] -= 1
+        if self.draining[gw] and self.conns[gw] == 0 and self.running_gw[gw]:
+            self._replica_exits(t, gw, cut=False)
 
     def _completed(self, t: float, r: ReqState, outcome: str) -> None:
+        if r.conn >= 0:
+            self._hang_up(t, r)
         b = r.backend
         self.by_aid.pop(r.aid, None)
         self.inflight_on[b].pop(r.aid, None)
@@ -767,40 +951,35 @@ class _Run:
     # -- scrapes, health, failures ------------------------------------------------------
 
     def _scrape(self, t: float, gw: int) -> None:
-        """Replica `gw` scrapes every engine (replica 0 also samples the series)."""
+        """Replica `gw` starts a scrape round: each engine's state as of now (its last
+        completed step), applied at once, or with a scrape lag when the round's slowest
+        answer is in; the next round starts an interval after that. The first live
+        replica also samples the series."""
+        interval = self.scrape_interval
         if self.ctrls:
-            ctrl = self.ctrls[gw]
-            for b, name in enumerate(self.names):
-                if self.dead[b]:
-                    ctrl.metrics_stale(name)
-                    continue
-                running, waiting, kv = self.published[b]
-                if self.views is not None:
-                    ctrl.on_metrics(name, self.views[b].scrape(t))
-                    continue
-                m = BackendMetrics(
-                    at=t,
-                    running=float(running),
-                    waiting=float(waiting),
-                    kv_usage=kv,
-                    preemptions_total=float(self.preempt_total[b]),
-                    num_gpu_blocks=self.profile.num_gpu_blocks,
-                    block_size=self.profile.block_size,
-                    ttft_p95_s=None if gw else _p95(self.ttft_window[b]),
-                    tpot_p95_s=None if gw else _weighted_p95(self.itl_window[b]),
-                )
-                if not gw:
-                    self.ttft_window[b] = []
-                    self.itl_window[b] = []
-                ctrl.on_metrics(name, m)
-            self._pump(t, gw, check_cuts=True)
+            if not self.running_gw[gw]:
+                return  # it has exited: its loop is gone
+            series = gw == self._live()[0]
+            readings = self._read_engines(t, gw, series)
+            rng = self.scrape_rng[gw]
+            lag = 0.0
+            if rng is not None and self.scrape_lag is not None:
+                draw = self.scrape_lag.draw
+                lag = max(draw(rng) for _ in range(self.n))
+            if lag > 0:
+                self.push(t + lag, _SCRAPED, (gw, readings))
+            else:
+                self._scraped(t, gw, readings)
+            next_at = t + lag + interval
         else:
+            series = True
             for b in range(self.n):
                 self.ttft_window[b] = []
                 self.itl_window[b] = []
+            next_at = t + interval
         if t < self.duration or self.outstanding > 0:
-            self.push(t + self.scrape_interval, _SCRAPE, gw)
-        if gw:
+            self.push(next_at, _SCRAPE, gw)
+        if not series:
             return
         if t >= self.next_series_at:
             self._sample(t)
@@ -808,11 +987,61 @@ class _Run:
         if self.progress is not None:
             self.progress(t)
 
+    def _read_engines(
+        self, t: float, gw: int, series: bool
+    ) -> list[tuple[str, BackendMetrics | None]]:
+        """What replica `gw`'s scrape of every engine reads at `t` (None: no answer, the
+        backend is down); the series' replica also takes the TTFT and TPOT p95."""
+        at = self.gw_clocks[gw].at(t)
+        out: list[tuple[str, BackendMetrics | None]] = []
+        for b, name in enumerate(self.names):
+            if self.dead[b]:
+                out.append((name, None))
+                continue
+            if self.views is not None:
+                out.append((name, self.views[b].scrape(at)))
+                continue
+            running, waiting, kv = self.published[b]
+            out.append(
+                (
+                    name,
+                    BackendMetrics(
+                        at=at,
+                        running=float(running),
+                        waiting=float(waiting),
+                        kv_usage=kv,
+                        preemptions_total=float(self.preempt_total[b]),
+                        num_gpu_blocks=self.profile.num_gpu_blocks,
+                        block_size=self.profile.block_size,
+                        ttft_p95_s=_p95(self.ttft_window[b]) if series else None,
+                        tpot_p95_s=_weighted_p95(self.itl_window[b]) if series else None,
+                    ),
+                )
+            )
+            if series:
+                self.ttft_window[b] = []
+                self.itl_window[b] = []
+        return out
+
+    def _scraped(
+        self, t: float, gw: int, readings: list[tuple[str, BackendMetrics | None]]
+    ) -> None:
+        """Replica `gw`'s scrape round is in: its controller learns what it read."""
+        if not self.running_gw[gw]:
+            return
+        ctrl = self.ctrls[gw]
+        for name, m in readings:
+            if m is None:
+                ctrl.metrics_stale(name)
+            else:
+                ctrl.on_metrics(name, m)
+        self._pump(t, gw, check_cuts=True)
+
     def _sample(self, t: float) -> None:
         s = self.series
         s.t.append(round(t, 3))
         if self.ctrls:
-            snaps = [ctrl.snapshot() for ctrl in self.ctrls]
+            snaps = [self.ctrls[k].snapshot() for k in self._live()]
             pressure = sum(snap["pressure"] for snap in snaps) / len(snaps)
             s.pressure.append(round(pressure, 4))
             for b, name in enumerate(self.names):
@@ -848,7 +1077,8 @@ class _Run:
             else:
                 self.probe_failures[b] = 0
             healthy = not self.dead[b] or self.probe_failures[b] < UNHEALTHY_AFTER
-            for ctrl, seen in zip(self.ctrls, self.healthy, strict=True):
+            for k in self._live():
+                ctrl, seen = self.ctrls[k], self.healthy[k]
                 # a failed probe takes a backend out only after UNHEALTHY_AFTER in a row;
                 # one good probe brings it back
                 if seen[b] != healthy and (not healthy or not self.dead[b]):
@@ -961,4 +1191,7 @@ def run_arm(
         wall_s=time.perf_counter() - started,
         events=run.events,
         controller_snapshot=run.ctrl.snapshot() if run.ctrl is not None else None,
+        peak_running=run.peak_running,
+        peak_running_at=run.peak_running_at,
+        replicas=run.replica_report(),
     )

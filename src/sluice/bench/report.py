@@ -312,6 +312,10 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
 
     if (name := plot_objectives(results, out)) is not None:
         files.append(name)
+    if results.get("fleet_sweep"):
+        from sluice.bench.fleet_sweep import plot_sweep
+
+        files.append(plot_sweep(results["fleet_sweep"], out))
     return files
 
 
@@ -421,6 +425,8 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
         ]
     head, rows = summary_rows(results)
     lines += ["## Summary", "", _md_table(head, rows), ""]
+    if results.get("fleet_sweep"):
+        lines += fleet_sweep_lines(results["fleet_sweep"])
     head, rows = cpu_rows(results)
     if rows:
         lines += [
@@ -484,3 +490,24 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def fleet_sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """The fleet sweep's two tables (`bench.fleet_sweep`)."""
+    from sluice.bench.fleet_sweep import HEAD, sweep_rows
+
+    every = sweep["replicas_at_scrape_interval_s"]
+    return [
+        "## The fleet against one gateway",
+        "",
+        f"Replica counts, each replica scraping every {every:g} s:",
+        "",
+        _md_table(HEAD, sweep_rows(sweep, "by_replicas")),
+        "",
+        f"Scrape intervals, {sweep['scrape_intervals_at_replicas']} replicas:",
+        "",
+        _md_table(HEAD, sweep_rows(sweep, "by_scrape_interval")),
+        "",
+        f"CPU of the sweep: {sweep['cpu_s']:g} s.",
+        "",
+    ]

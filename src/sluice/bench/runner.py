@@ -12,6 +12,7 @@ from typing import Any
 from sluice.bench.arms import ARMS, arm_spec, fixed_cap_arm
 from sluice.bench.capacity import Capacity, calibrate
 from sluice.bench.engine_view import engine_profile
+from sluice.bench.fleet import fleet_arm, fleet_results
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
 from sluice.bench.noise import Jitter
@@ -269,11 +270,18 @@ def run_virtual(
     cap: int | None = None,
     jitter: Jitter | None = None,
     engine: str | None = None,
+    replicas: int | None = None,
+    scrape_interval: float | None = None,
+    balance: str | None = None,
+    fleet_sweep: bool = False,
 ) -> dict[str, Any]:
     """Run the arms of a scenario in virtual time; the results.json document. `cap`: the
     `static` and `litellm` arms' cap (default: the first phase's sweet spot). `jitter`:
     latency noise between engines and gateway for every run, the oracle's sweep included.
-    `engine`: the engine surface every backend presents (sluice.sim.surfaces)."""
+    `engine`: the engine surface every backend presents (sluice.sim.surfaces).
+    `replicas`, `scrape_interval`, `balance`: the gateway arms' fleet, in place of the
+    scenario's `fleet:` (`bench.fleet`); `fleet_sweep`: then the fleet against one gateway
+    over replica counts and scrape intervals (`bench.fleet_sweep`)."""
     started = time.perf_counter()
     arms = list(arms or scenario.spec.arms)
     for a in arms:
@@ -299,12 +307,21 @@ def run_virtual(
             static_cap=cap or plan.sweet_spots[0],
             oracle_caps=oracle_caps,
         )
+        spec = fleet_arm(
+            spec,
+            scenario.spec.fleet,
+            replicas=replicas,
+            scrape_interval_s=scrape_interval,
+            balance=balance,
+        )
         run = run_plan_arm(plan, spec, progress, a)
         runs[a] = run
         res = arm_results(run, scenario, sweet_spots=plan.sweet_spots, settle_targets=oracle_caps)
         res["series"] = _series_for_json(run)
         # each backend's TPOT and TTFT against the objectives, over time
         res["series"]["objectives"] = objective_series(run, scenario.duration + scenario.spec.drain)
+        if spec.policy is not None and spec.gateway is None:
+            res["fleet"] = fleet_results(run, spec)
         if a in ("static", "litellm"):
             res["cap"] = cap or plan.sweet_spots[0]
         if a == "oracle":
@@ -312,6 +329,22 @@ def run_virtual(
             assert sweep is not None and oracle_caps is not None
             res["constraint"] = oracle_constraint(sweep, oracle_caps)
         results[a] = res
+    fleet_rows = None
+    if fleet_sweep:
+        from sluice.bench.fleet_sweep import fleet_sweep as run_sweep
+
+        section = scenario.spec.fleet.model_copy(
+            update={
+                k: v
+                for k, v in (
+                    ("replicas", replicas),
+                    ("scrape_interval", scrape_interval),
+                    ("balance", balance),
+                )
+                if v is not None
+            }
+        )
+        fleet_rows = run_sweep(plan, section, progress)
     return {
         "scenario": scenario.name,
         "description": scenario.spec.description,
@@ -327,6 +360,7 @@ def run_virtual(
         },
         "oracle_sweep": sweep,
         "arms": results,
+        **({"fleet_sweep": fleet_rows} if fleet_rows is not None else {}),
         "timing": {
             "calibration_s": round(calibrated - started, 2),
             "total_s": round(time.perf_counter() - started, 2),

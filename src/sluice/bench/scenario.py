@@ -246,6 +246,42 @@ class TraceSpec(_Model):
         return self
 
 
+class LagSpec(_Model):
+    """A lognormal delay by its median and 99th percentile (`bench.noise.Jitter`)."""
+
+    p50: Duration = Field(gt=0)
+    p99: Duration = Field(gt=0)
+
+
+class RollingRestartSpec(_Model):
+    """Every replica replaced once, one after another (`bench.fleet.RollingRestart`)."""
+
+    at: Duration = Field(ge=0)
+    every: Duration = Field(default=5.0, ge=0)
+    propagation: Duration = Field(default=1.0, ge=0)
+    pre_stop: Duration = Field(default=10.0, ge=0)
+    grace: Duration = Field(default=30.0, ge=0)  # the policy's server.shutdownGrace
+
+
+class FleetSweepSpec(_Model):
+    """What `--fleet-sweep` runs (`bench.fleet_sweep`)."""
+
+    replicas: tuple[int, ...] = (1, 2, 4, 8, 16)
+    scrape_intervals: tuple[Duration, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class FleetSection(_Model):
+    """The gateway arms as a fleet of replicas (`bench.fleet`; docs/bench.md "Fleets")."""
+
+    replicas: int = Field(default=1, ge=1, le=256)
+    balance: Literal["round-robin", "random", "least-connections"] = "round-robin"
+    scrape_interval: Duration | None = Field(default=None, gt=0)  # None: the default 250 ms
+    scrape_lag: LagSpec | None = None  # each scrape's round trip
+    clock_skew: Duration = Field(default=0.0, ge=0)
+    rolling_restart: RollingRestartSpec | None = None
+    sweep: FleetSweepSpec = FleetSweepSpec()
+
+
 class RealMode(_Model):
     """How the scenario shrinks to run against real processes on this machine."""
 
@@ -284,6 +320,7 @@ class ScenarioSpec(_Model):
     drain: Duration = Field(default=60.0, ge=0)
     real: RealMode = RealMode()
     oracle: OracleSpec = OracleSpec()
+    fleet: FleetSection = FleetSection()
     # Arms `sluice bench` runs when --arms is not given.
     arms: tuple[str, ...] = ("direct", "static", "fifo", "sluice", "oracle")
 

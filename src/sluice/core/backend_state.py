@@ -12,6 +12,7 @@ class BackendState:
         "congestion",
         "counted_inflight",
         "counted_limit",
+        "fresh",
         "healthy",
         "inflight",
         "inflight_by_class",
@@ -26,6 +27,7 @@ class BackendState:
         "name",
         "prefill_tokens",
         "removed",
+        "scrapes",
     )
 
     def __init__(self, name: str, limiter: Limiter) -> None:
@@ -50,6 +52,11 @@ class BackendState:
         # What this backend adds to the dispatcher's totals (for O(1) pressure).
         self.counted_inflight = 0
         self.counted_limit = 0
+        # Fresh scrapes so far, and the requests in flight that were sent since the last
+        # one: the next scrape may not show them yet (it shows the engine as of its last
+        # step), the others it does.
+        self.scrapes = 0
+        self.fresh = 0
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models

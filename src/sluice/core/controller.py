@@ -35,6 +35,7 @@ from sluice.core.clock import Clock
 from sluice.core.dispatcher import Dispatcher
 from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
+from sluice.core.fleet_share import FleetShare
 from sluice.core.limiters import Limiter, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
@@ -189,6 +190,8 @@ class Controller:
         self._kv_high = kv_high
         self._congestion_sum = 0.0
         self._congestion_n = 0
+        # our part of the fleet of gateway replicas sharing the backends (fleet_share.py)
+        self._fleet = FleetShare()
         self.set_backends(backends)
 
     # -- backends ----------------------------------------------------------------------
@@ -258,9 +261,16 @@ class Controller:
         b.metrics_fresh = True
         if m.num_gpu_blocks and m.block_size:
             b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
-        # what is ours in the scrape's KV usage (the rest is other replicas')
+        if m.running is not None:
+            on_backend = m.running + (m.waiting or 0.0)
+            self._fleet.observe(b.inflight - b.fresh, b.inflight, on_backend, self._clock.now())
+        b.scrapes += 1
+        b.fresh = 0
+        # what is ours in the scrape's KV usage (the rest is other replicas'), and our
+        # part of the fleet's claim on what is left
         if hasattr(b.limiter, "own_kv_tokens"):
             b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+            b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
         )
@@ -723,6 +733,15 @@ class Controller:
     def pressure(self) -> float:
         return compute_pressure(self._pressure_inputs(self._clock.now()))
 
+    def fleet_share(self) -> float:
+        """This gateway's estimated part of the fleet sharing its backends (1: alone)."""
+        return self._fleet.value
+
+    def expect_peers(self, processes: int) -> None:
+        """`processes` gateway processes are alive (Redis's count): what a replica
+        assumes its part of the fleet is before its scrapes have shown it."""
+        self._fleet.expect_peers(processes)
+
     def state_of(self, request_id: str) -> RequestState:
         rec = self._records.get(request_id)
         return RequestState.GONE if rec is None else rec.state
@@ -771,6 +790,7 @@ class Controller:
             "algorithm": self._policy.limiter.algorithm,
             "expected_ttft_s": self._ttft.get(0.0),
             "aged_dispatches": self._dispatcher.aged_dispatches,
+            "fleet": self._fleet.describe(),
             "classes": classes,
             "backends": backends,
         }
@@ -806,6 +826,7 @@ class Controller:
                 if b.metrics_fresh and b.last_metrics is not None:
                     if hasattr(b.limiter, "own_kv_tokens"):
                         b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+                        b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
 

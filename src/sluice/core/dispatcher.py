@@ -201,6 +201,8 @@ class Dispatcher:
         b.inflight += 1
         b.inflight_by_class[rec.priority] += 1
         b.inflight_tokens += rec.cost
+        b.fresh += 1
+        rec.epoch = b.scrapes
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
         b.prefill_tokens += rec.prompt_est
@@ -216,6 +218,8 @@ class Dispatcher:
         b.inflight -= 1
         b.inflight_by_class[rec.priority] -= 1
         b.inflight_tokens -= rec.cost
+        if rec.epoch == b.scrapes:
+            b.fresh -= 1
         if rec.first_token_at is None:
             self.prefilled(rec)
         if b.inflight == 0:

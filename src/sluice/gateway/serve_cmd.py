@@ -170,6 +170,10 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
                 )
     app = create_app(policy, args.config, override or None)
     gateway = app[GATEWAY_KEY]
+    if args.workers > 1:
+        # the workers share the backends: before its scrapes say better, each assumes it
+        # is one of them (core/fleet_share.py)
+        gateway.controller.expect_peers(args.workers)
     _check_descriptors(policy.server.max_connections)
     runner = GatewayRunner(
         app,

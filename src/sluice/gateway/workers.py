@@ -67,6 +67,8 @@ def worker_argv(args: argparse.Namespace, port: int, index: int, backends: list[
         str(port),
         "--worker-index",
         str(index),
+        "--workers",  # how many share the backends (each worker's fleet share prior)
+        str(args.workers),
         "--log-level",
         args.log_level,
         "--log-format",

@@ -174,6 +174,7 @@ class EngineSnapshot:
     generation_tokens_total: int
     finished_total: dict[str, int]  # by finish reason
     reserved_blocks: int = 0  # set aside by admitted requests (kv_reserve engines)
+    peak_running: int = 0  # the most requests one step has run since the start
 
 
 _WAITING = 0
@@ -230,6 +231,7 @@ class Engine:
         self._num_waiting = 0
         self._pending_aborts: list[str] = []
         self._preemptions_total = 0
+        self._peak_running = 0  # the most requests one step has run
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._finished_total = dict.fromkeys(FINISH_REASONS, 0)
@@ -374,6 +376,9 @@ class Engine:
                 running.append(seq)
                 scheduled.append((seq, n))
                 budget -= n
+
+        if len(running) > self._peak_running:
+            self._peak_running = len(running)
 
         # 3. the step's duration
         tokens = 0
@@ -544,4 +549,5 @@ class Engine:
             generation_tokens_total=self._generation_tokens_total,
             finished_total=dict(self._finished_total),
             reserved_blocks=total - self._unreserved,
+            peak_running=self._peak_running,
         )

@@ -235,6 +235,12 @@ class SimMetrics(Collector):
             "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
             snap.kv_usage,
         )
+        # not vLLM's: what a test of a burst needs, which a scrape between steps can miss
+        yield gauge(
+            "sluice_sim:num_requests_running_max",
+            "The most requests one engine step has run since the simulator started.",
+            snap.peak_running,
+        )
         yield counter(
             "vllm:num_preemptions",
             "Cumulative number of preemption from the engine.",

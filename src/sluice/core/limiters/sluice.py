@@ -51,15 +51,17 @@ Control:
   * Shared backends (several gateway replicas, each with its own limiters): on each
     fresh scrape the others' requests (running + waiting beyond our in-flight count) are
     counted at our mean footprint, and at least as the usage that is not ours; we claim
-    our share of the room left within the budget (our in-flight count over the
-    backend's, at least kv_claim_floor), so replicas that all see the same scrape claim
-    it once between them, and an excess is handed back the same way. The whole budget
-    is ours only after `alone_after_scrapes` scrapes in a row showed our requests there
-    and nobody else's; until then, and on an idle backend, the floor share (a scrape
-    shows the engine as of its last step: replicas that start sending at once into an
-    idle backend must not each take all of it). Held until the next scrape: a request
-    of ours that leaves frees its room to us at once, another replica's only when a
-    scrape shows it gone. Without those metrics the budget is the whole fraction.
+    our share of the room left within the budget: our part of the requests there, shrunk
+    toward our part of the fleet (`fleet_share`, set by the controller before each scrape
+    from core/fleet_share.py: our part of the requests the scrapes of all backends show,
+    about 1/R for R replicas) by `fleet_prior_requests` pseudo-requests, so replicas claim
+    it once between them, and an excess is handed back the same way. An idle backend is
+    claimed by fleet share: R replicas sending a burst's first requests into it take its
+    room once, not R times (a scrape shows the engine as of its last step, so none of
+    them sees the others before the next one). Held until the next scrape: a request of
+    ours that leaves frees its room to us at once, another replica's only when a scrape
+    shows it gone. Without those metrics the budget is the whole fraction; a lone gateway
+    (share 1) has it all.
 """
 
 from __future__ import annotations
@@ -103,8 +105,7 @@ class SluiceLimiter(LimiterBase):
         waiting_tolerance: float = 0.0,
         kv_budget_fraction: float = 0.8,
         footprint_alpha: float = 0.5,
-        kv_claim_floor: float = 0.25,
-        alone_after_scrapes: int = 2,
+        fleet_prior_requests: float = 4.0,
         demand_footprint: Callable[[], float | None] | None = None,
         seed: int | str = 0,
     ) -> None:
@@ -112,8 +113,6 @@ class SluiceLimiter(LimiterBase):
             raise ValueError("need 1 <= min_limit <= initial_limit <= max_limit")
         if not 0 < decrease < 1:
             raise ValueError("decrease must be in (0, 1)")
-        if not 0 < kv_claim_floor <= 1:
-            raise ValueError("kv_claim_floor must be in (0, 1]")
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.prompt_fixed_tokens = prompt_fixed_tokens
@@ -157,10 +156,10 @@ class SluiceLimiter(LimiterBase):
         # sets it before each on_metrics, so the scrape's usage can be split into ours
         # and other replicas'.
         self.own_kv_tokens = 0.0
-        self.kv_claim_floor = kv_claim_floor
-        self.alone_after_scrapes = alone_after_scrapes
-        self._alone_scrapes = 0  # fresh scrapes in a row that showed only ours there
-        self._share = kv_claim_floor  # of the room, as the last scrape set it
+        # Our part of the fleet of gateways in front of this backend (1: alone); the
+        # controller sets it before each on_metrics (core/fleet_share.py).
+        self.fleet_share = 1.0
+        self.fleet_prior_requests = fleet_prior_requests
         self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
         self._hard = False  # the last scrape showed hard congestion
         self._preemptions_seen: float | None = None
@@ -333,17 +332,13 @@ class SluiceLimiter(LimiterBase):
 
     def _shared_budget(self, m: BackendMetrics) -> float | None:
         """The KV budget while other replicas may use the backend too; None (the whole
-        budget) once scrapes have shown our requests alone there, or without metrics."""
+        budget) for a lone gateway, or without metrics."""
         cap = self._kv_capacity
-        if cap is None or m.kv_usage is None or m.running is None:
+        share = self.fleet_share
+        if cap is None or m.kv_usage is None or m.running is None or share >= 1.0:
             return None
         n = self._inflight
         on_backend = m.running + (m.waiting or 0.0)
-        alone = n > 0 and on_backend <= n  # every request there is ours
-        self._alone_scrapes = self._alone_scrapes + 1 if alone else 0
-        if self._alone_scrapes >= self.alone_after_scrapes:
-            self._share = 1.0
-            return None
         full = cap * self.kv_budget_fraction
         own = self.own_kv_tokens
         # The others' requests in footprints, as ours are counted (what they will hold
@@ -352,26 +347,21 @@ class SluiceLimiter(LimiterBase):
         per_request = own / n if n else (self._footprint.value or 0.0)
         others = max(0.0, (on_backend - n) * per_request, m.kv_usage * cap - own)
         room = full - own - others
-        # Our share of the room: our part of the requests there. An idle backend tells
-        # nothing about who else starts sending now: the floor share. A scrape that
-        # shows only ours, but not yet `alone_after_scrapes` times in a row, keeps the
-        # share we had (the others' requests may not show yet: a scrape shows the engine
-        # as of its last step), so replicas starting together on an idle backend stay
-        # at the floor until they see each other.
-        if n == 0:
-            share = self.kv_claim_floor
-        elif alone:
-            share = self._share
-        else:
-            share = max(self.kv_claim_floor, n / on_backend)
-        self._share = share
+        # Our part of the claim on the room (negative: of the excess to give back): our
+        # part of the requests there, shrunk toward our part of the fleet by
+        # `fleet_prior_requests` pseudo-requests. On a busy backend that is what we hold;
+        # on an idle one (or one with a few requests, whosever they are) it is our part
+        # of the fleet: R replicas that all start sending into it at once claim its room
+        # once, not R times. Over replicas whose fleet shares add up to 1 the shares add
+        # up to 1.
+        k = self.fleet_prior_requests
+        share = (min(float(n), on_backend) + k * share) / (on_backend + k)
         return min(full, max(0.0, own + share * room))
 
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
         self._kv_usage = None
         self._kv_scrape_budget = None
-        self._alone_scrapes = 0
         self._hard = False
         self._preemptions_seen = None
 
