@@ -12,37 +12,25 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from sluice.core.types import Outcome
-from sluice.gateway.backend_pool import BackendHandle, warn_credentials_refused
+from sluice.gateway.backend_pool import warn_credentials_refused
 from sluice.gateway.errors import error_body, error_response, retry_after_headers
 from sluice.gateway.telemetry import Telemetry
 from sluice.gateway.upstream_deadline import UpstreamDeadline
+
+if TYPE_CHECKING:
+    from sluice.gateway.request_context import RequestContext
 
 _EVENT_END = b"\n\n"
 _USAGE_ONLY = b'"choices":[]'
 _ERROR_EVENT = b'data: {"error"'
 _DONE = b"data: [DONE]\n\n"
-
-
-@dataclass(slots=True)
-class RelayContext:
-    request: web.Request
-    request_id: str
-    priority: int
-    backend: BackendHandle
-    path: str
-    body: bytes
-    stream: bool
-    strip_usage: bool  # the gateway asked for usage; the client did not
-    headers: dict[str, str]
-    started: float  # time.monotonic() at arrival
-    deadline: float | None  # time.monotonic() scale
-    default_timeout: float
 
 
 @dataclass(slots=True)
@@ -58,19 +46,24 @@ class RelayResult:
 
 
 class Relay:
-    def __init__(self, session: aiohttp.ClientSession, telemetry: Telemetry) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, telemetry: Telemetry, default_timeout: float
+    ) -> None:
         self._session = session
         self._telemetry = telemetry
+        # server.upstreamTimeout: the cap of a call whose client set no deadline
+        self.default_timeout = default_timeout
 
-    async def forward(self, ctx: RelayContext, on_first_token: Callable[[], None]) -> RelayResult:
-        timeout = ctx.default_timeout
+    async def forward(self, ctx: RequestContext, on_first_token: Callable[[], None]) -> RelayResult:
+        timeout = self.default_timeout
         if ctx.deadline is not None:
             timeout = min(timeout, ctx.deadline - time.monotonic())
         # only a stream's relay changes it: an answer relayed whole shares one that stays
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
-        url = ctx.backend.url + ctx.path
+        backend = ctx.backend
+        url = backend.url + ctx.route.upstream_path
         # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
-        headers = {**ctx.backend.post_headers, "X-Request-Id": ctx.request_id}
+        headers = {**backend.post_headers, "X-Request-Id": ctx.request_id}
         if (trace := ctx.request.headers.get("traceparent")) is not None:
             # W3C trace context, the one client header passed on: vLLM's spans (with
             # --otlp-traces-endpoint) join the client's trace
@@ -127,7 +120,7 @@ class Relay:
             result.backend_lost = True
             return result
 
-    async def _timed_out(self, ctx: RelayContext, state: _StreamState) -> RelayResult:
+    async def _timed_out(self, ctx: RequestContext, state: _StreamState) -> RelayResult:
         self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
         return await self._fail(
             ctx,
@@ -138,7 +131,7 @@ class Relay:
             Outcome.TIMEOUT,
         )
 
-    async def _relay_body(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+    async def _relay_body(self, ctx: RequestContext, up: aiohttp.ClientResponse) -> RelayResult:
         data = await up.read()
         usage = _usage_of(data)
         response = web.Response(
@@ -153,7 +146,7 @@ class Relay:
 
     async def _relay_stream(
         self,
-        ctx: RelayContext,
+        ctx: RequestContext,
         up: aiohttp.ClientResponse,
         on_first_token: Callable[[], None],
         state: _StreamState,
@@ -208,7 +201,9 @@ class Relay:
             state.client_gone = True
             raise asyncio.CancelledError from None
 
-    async def _backend_refused(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+    async def _backend_refused(
+        self, ctx: RequestContext, up: aiohttp.ClientResponse
+    ) -> RelayResult:
         data = await up.read()
         if up.status in (429, 503):
             self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
@@ -248,7 +243,7 @@ class Relay:
 
     async def _fail(
         self,
-        ctx: RelayContext,
+        ctx: RequestContext,
         state: _StreamState,
         status: int,
         message: str,
@@ -278,7 +273,7 @@ class _StreamState:
 _WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
 
 
-def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
+def _overloaded(ctx: RequestContext, detail: str) -> RelayResult:
     message = f"The backend is overloaded ({detail}); retry shortly."
     headers = {**ctx.headers, **retry_after_headers(1.0)}
     return RelayResult(

@@ -1,0 +1,77 @@
+"""Stage 5: the body read by the route's rules (model, stream, cost), the client's
+deadlines from its headers (400 if they are not numbers), and the model: one no backend
+serves is a 404 (one whose backends are all down is the core's 503 later)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from sluice.gateway.backend_pool import BackendPool
+from sluice.gateway.errors import error_response
+from sluice.gateway.request_body import BadRequest, upstream_body
+from sluice.gateway.request_context import RequestContext
+
+_WHOLE_CALL = ("X-Request-Timeout", "X-Stainless-Timeout")
+_NEITHER = (None, None)
+_NO_DEADLINE: tuple[float | None, float | None] = (None, None)
+
+
+def client_timeouts(headers: CIMultiDictProxy[str]) -> tuple[float | None, float | None]:
+    """The client's own deadlines in seconds: (for the first byte, for the whole call).
+    X-Request-Timeout and the openai SDK's X-Stainless-Timeout bound the whole call;
+    X-Stainless-Read-Timeout bounds each read, so only the wait for the first byte (the
+    queue wait). The smallest applicable one wins."""
+    whole = headers.get("X-Request-Timeout"), headers.get("X-Stainless-Timeout")
+    read = headers.get("X-Stainless-Read-Timeout")
+    if whole == _NEITHER and read is None:
+        return _NO_DEADLINE
+    total: float | None = None
+    for name, value in zip(_WHOLE_CALL, whole, strict=True):
+        if value is not None:
+            seconds = _seconds(name, value)
+            if total is None or seconds < total:
+                total = seconds
+    first = total
+    if read is not None:
+        seconds = _seconds("X-Stainless-Read-Timeout", read)
+        if first is None or seconds < first:
+            first = seconds
+    return first, total
+
+
+def _seconds(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise BadRequest(f"{name} must be a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise BadRequest(f"{name} must be a positive number of seconds")
+    return seconds
+
+
+class ParseBody:
+    def __init__(self, pool: BackendPool) -> None:
+        self.pool = pool
+
+    def run(self, ctx: RequestContext) -> web.Response | None:
+        try:
+            parsed = ctx.route.parse(ctx.raw)
+            first_byte_s, total_s = client_timeouts(ctx.request.headers)
+        except BadRequest as exc:
+            return error_response(400, str(exc), "invalid_request", ctx.headers)
+        if not self.pool.serves(parsed.model):
+            return error_response(
+                404, f"The model `{parsed.model}` does not exist.", "model_not_found", ctx.headers
+            )
+        ctx.parsed = parsed
+        stream = ctx.stream = parsed.stream
+        ctx.strip_usage = stream and not parsed.include_usage
+        ctx.body = upstream_body(parsed, ctx.raw)
+        # The core drops a queued request its client will no longer wait for; the relay
+        # stops an upstream call at the client's overall deadline.
+        if first_byte_s is not None:
+            ctx.wait_deadline = ctx.started + first_byte_s
+        if total_s is not None:
+            ctx.deadline = ctx.started + total_s
+        return None

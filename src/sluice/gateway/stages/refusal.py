@@ -1,0 +1,27 @@
+"""The 429 (or 503 no_backend) a refused request gets, with its Retry-After, counted in
+the metrics and, for a non-core feature, in its breaker (shed for overload)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from sluice.config import Policy
+from sluice.core.types import RejectCode
+from sluice.gateway.errors import reject_response
+from sluice.gateway.request_context import RequestContext
+from sluice.gateway.telemetry import Telemetry
+
+
+class Refusal:
+    def __init__(self, telemetry: Telemetry, policy: Policy) -> None:
+        self.telemetry = telemetry
+        self.policy = policy
+
+    def run(self, ctx: RequestContext, code: RejectCode, retry_after_s: float) -> web.Response:
+        breaker = ctx.breaker
+        if breaker is not None and code is not RejectCode.TENANT_QUOTA:
+            breaker.record_shed()
+        priority = ctx.priority
+        self.telemetry.rejections.labels(str(priority), code.value).inc()
+        self.telemetry.outcome(priority, "rejected")
+        return reject_response(code, retry_after_s, self.policy.queue(priority).name, ctx.headers)

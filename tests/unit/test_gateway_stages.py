@@ -1,0 +1,482 @@
+"""Each stage of the request path on its own (gateway/stages/): a RequestContext made from a
+mocked aiohttp request, the stage's real collaborators where they are pure (key ring,
+features, controller, bridge) and small fakes where they do I/O (the backend pool, the
+relay, the shared-quota gate). The whole path runs in the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from sluice.config import Policy, parse_policy
+from sluice.core.circuit_breaker import BreakerState
+from sluice.core.clock import MonotonicClock
+from sluice.core.controller import Controller
+from sluice.core.types import Outcome
+from sluice.gateway.auth import KeyRing
+from sluice.gateway.dispatch_bridge import DispatchBridge
+from sluice.gateway.features import Features
+from sluice.gateway.relay import RelayResult
+from sluice.gateway.request_body import BadRequest
+from sluice.gateway.request_context import RequestContext
+from sluice.gateway.routes import CHAT
+from sluice.gateway.stages.access_record import write_access_record
+from sluice.gateway.stages.account import account
+from sluice.gateway.stages.admission import MAX_ATTEMPTS, Admission, retry_attempt
+from sluice.gateway.stages.authenticate import Authenticate
+from sluice.gateway.stages.classify import classify
+from sluice.gateway.stages.draining import shutting_down
+from sluice.gateway.stages.feature_breaker import FeatureBreaker
+from sluice.gateway.stages.forward import Forward, no_first_token
+from sluice.gateway.stages.parse_body import ParseBody, client_timeouts
+from sluice.gateway.stages.quota_ticket import QuotaTicketStage
+from sluice.gateway.stages.read_body import ReadBody
+from sluice.gateway.stages.refusal import Refusal
+from sluice.gateway.telemetry import Telemetry
+
+POLICY = """
+queues:
+  - {priority: 0, name: realtime-interactive, maxQueueSize: 1, timeout: 8s, dropPolicy: tail}
+  - {priority: 1, name: agent-workflow, maxQueueSize: 1, timeout: 15s, dropPolicy: tail}
+  - {priority: 2, name: batch-extraction, maxQueueSize: 1, timeout: 60s, dropPolicy: tail}
+tenants:
+  - {name: chat-app, apiKeys: [sk-p0], priority: 0}
+  - {name: agents, apiKeys: [sk-p1], priority: 1}
+limiter: {algorithm: fixed, fixedLimit: 1}
+dispatcher: {reserved: {p0: 0.0}}
+features:
+  - name: summarize
+    core: false
+    fallback: {static: "later"}
+  - {name: chat, core: true}
+breakers: {minRequests: 1, errorRate: 0.5}
+server: {readTimeout: 100ms, maxBodyBytes: 2048}
+"""
+
+BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+
+
+def _policy() -> Policy:
+    return parse_policy(POLICY)
+
+
+def _ctx(headers: dict[str, str] | None = None, **request: Any) -> RequestContext:
+    req = make_mocked_request("POST", "/v1/chat/completions", headers=headers or {}, **request)
+    return RequestContext(req, CHAT, 100.0)
+
+
+def _error(response: web.StreamResponse | None) -> dict[str, Any]:
+    assert isinstance(response, web.Response) and response.body is not None
+    body = orjson.loads(response.body)  # type: ignore[arg-type]
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def _identified(headers: dict[str, str] | None = None) -> RequestContext:
+    ctx = _ctx({"Authorization": "Bearer sk-p0", **(headers or {})})
+    assert Authenticate(KeyRing(_policy())).run(ctx) is None
+    assert classify(ctx) is None
+    return ctx
+
+
+# --- authenticate, classify, draining ------------------------------------------------------
+
+
+@pytest.mark.parametrize("header", [None, "Bearer sk-nobody", "Basic sk-p0", "Bearer "])
+def test_authenticate_refuses_a_missing_or_unknown_key(header: str | None) -> None:
+    ctx = _ctx({"Authorization": header} if header is not None else {})
+    response = Authenticate(KeyRing(_policy())).run(ctx)
+    assert response is not None and response.status == 401
+    assert _error(response)["code"] == "invalid_api_key"
+    assert "tenant" not in ctx.fields
+
+
+def test_authenticate_names_the_tenant() -> None:
+    ctx = _ctx({"Authorization": "Bearer sk-p1"})
+    assert Authenticate(KeyRing(_policy())).run(ctx) is None
+    assert ctx.tenant.name == "agents" and ctx.fields["tenant"] == "agents"
+
+
+def test_classify_gives_the_tenants_class_or_a_lower_one_asked_for() -> None:
+    ctx = _identified()
+    assert ctx.priority == 0 and ctx.headers == {"X-Sluice-Priority": "0"}
+    assert ctx.fields["priority"] == 0
+    lower = _identified({"X-Priority": " 2 "})
+    assert lower.priority == 2 and lower.headers["X-Sluice-Priority"] == "2"
+
+
+def test_classify_refuses_a_higher_class_and_a_bad_header() -> None:
+    ctx = _ctx({"Authorization": "Bearer sk-p1", "X-Priority": "0"})
+    Authenticate(KeyRing(_policy())).run(ctx)
+    response = classify(ctx)
+    assert response is not None and response.status == 403
+    assert _error(response)["code"] == "priority_not_allowed"
+    assert response.headers["X-Sluice-Priority"] == "1"
+    bad = _ctx({"Authorization": "Bearer sk-p1", "X-Priority": "high"})
+    Authenticate(KeyRing(_policy())).run(bad)
+    response = classify(bad)
+    assert response is not None and response.status == 400
+    assert _error(response)["code"] == "invalid_priority"
+
+
+def test_draining_answers_503_with_retry_after() -> None:
+    response = shutting_down(_identified())
+    assert response.status == 503 and response.headers["Retry-After"] == "1"
+    assert response.headers["X-Sluice-Priority"] == "0"
+    assert _error(response)["code"] == "shutting_down"
+
+
+# --- read_body, parse_body ------------------------------------------------------------------
+
+
+def _payload(data: bytes, eof: bool = True) -> Any:
+    from unittest import mock
+
+    from aiohttp.streams import StreamReader
+
+    reader = StreamReader(mock.Mock(_reading_paused=False), 2**16, loop=asyncio.get_running_loop())
+    reader.feed_data(data)
+    if eof:
+        reader.feed_eof()
+    return reader
+
+
+async def test_read_body_reads_what_came() -> None:
+    ctx = _ctx(payload=_payload(BODY))
+    assert await ReadBody(_policy().server).run(ctx) is None
+    assert ctx.raw == BODY
+
+
+async def test_read_body_refuses_a_body_over_the_limit() -> None:
+    ctx = _ctx(payload=_payload(b"x" * 4096), client_max_size=2048)
+    response = await ReadBody(_policy().server).run(ctx)
+    assert response is not None and response.status == 413
+    assert _error(response)["code"] == "body_too_large"
+
+
+async def test_read_body_gives_up_on_a_body_that_does_not_come() -> None:
+    ctx = _ctx(payload=_payload(b'{"model"', eof=False))
+    response = await asyncio.wait_for(ReadBody(_policy().server).run(ctx), 5)
+    assert response is not None and response.status == 408
+    assert _error(response)["code"] == "request_timeout"
+
+
+class _Pool:
+    """What the stages ask of the backend pool."""
+
+    def __init__(self, models: set[str]) -> None:
+        self.models = models
+        self.recorded: list[tuple[str, Outcome, bool]] = []
+
+    def serves(self, model: str) -> bool:
+        return model in self.models
+
+    def handle(self, name: str) -> Any:
+        return type("Handle", (), {"name": name, "url": "http://b", "models": self.models})()
+
+    def record(self, h: Any, outcome: Outcome, lost: bool) -> None:
+        self.recorded.append((h.name, outcome, lost))
+
+
+def _parsed(raw: bytes = BODY, headers: dict[str, str] | None = None) -> RequestContext:
+    ctx = _identified(headers)
+    ctx.raw = raw
+    assert ParseBody(_Pool({"m"})).run(ctx) is None  # type: ignore[arg-type]
+    return ctx
+
+
+def test_parse_body_reads_model_stream_cost_and_deadlines() -> None:
+    ctx = _parsed(headers={"X-Request-Timeout": "5", "X-Stainless-Read-Timeout": "2"})
+    assert ctx.parsed.model == "m" and ctx.parsed.prompt_tokens_est > 0
+    assert not ctx.stream and ctx.body == BODY
+    assert ctx.wait_deadline == 102.0 and ctx.deadline == 105.0
+    streamed = _parsed(orjson.dumps({**orjson.loads(BODY), "stream": True}))
+    # the gateway asks a stream for its usage, and strips it for a client that did not
+    assert streamed.stream and streamed.strip_usage
+    assert orjson.loads(streamed.body)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("raw", "headers", "status", "code"),
+    [
+        (b"{not json", {}, 400, "invalid_request"),
+        (BODY, {"X-Request-Timeout": "soon"}, 400, "invalid_request"),
+        (orjson.dumps({"model": "other", "messages": [{"content": "x"}]}), {}, 404, None),
+    ],
+)
+def test_parse_body_refuses(raw: bytes, headers: dict[str, str], status: int, code: str) -> None:
+    ctx = _identified(headers)
+    ctx.raw = raw
+    response = ParseBody(_Pool({"m"})).run(ctx)  # type: ignore[arg-type]
+    assert response is not None and response.status == status
+    assert _error(response)["code"] == (code or "model_not_found")
+
+
+def _headers(**values: str) -> CIMultiDictProxy[str]:
+    return CIMultiDictProxy(CIMultiDict(values))
+
+
+def test_client_timeouts_take_the_smallest_applicable() -> None:
+    assert client_timeouts(_headers()) == (None, None)
+    assert client_timeouts(_headers(**{"X-Request-Timeout": "9", "X-Stainless-Timeout": "4"})) == (
+        4.0,
+        4.0,
+    )
+    # a read timeout bounds only the wait for the first byte
+    assert client_timeouts(_headers(**{"X-Stainless-Read-Timeout": "3"})) == (3.0, None)
+    assert client_timeouts(
+        _headers(**{"X-Stainless-Read-Timeout": "30", "X-Request-Timeout": "9"})
+    ) == (9.0, 9.0)
+    for bad in ("0", "-1", "inf", "nan", "x"):
+        with pytest.raises(BadRequest, match="X-Stainless-Timeout"):
+            client_timeouts(_headers(**{"X-Stainless-Timeout": bad}))
+
+
+def test_retry_attempt_names_the_client() -> None:
+    assert retry_attempt(_headers()) is None
+    assert retry_attempt(_headers(**{"X-Stainless-Retry-Count": "0"})) is None
+    assert retry_attempt(_headers(**{"X-Stainless-Retry-Count": "2"})) == (2, "openai-sdk")
+    assert retry_attempt(_headers(**{"X-Sluice-Retry": "5000"})) == (1000, "sluice-sdk")
+    assert retry_attempt(_headers(**{"X-Sluice-Retry": "-1"})) is None
+
+
+# --- feature breaker, quota ticket ---------------------------------------------------------
+
+
+def test_feature_breaker_sends_a_non_core_feature_to_its_fallback_while_open() -> None:
+    features = Features(_policy(), MonotonicClock())
+    stage = FeatureBreaker(features)
+    ctx = _parsed(headers={"X-Sluice-Feature": "summarize"})
+    assert stage.run(ctx) is False and ctx.feature_name == "summarize"
+    assert ctx.breaker is features.breakers["summarize"]
+    ctx.breaker.record_failure()  # one failure of one: over the error rate
+    assert ctx.breaker.state is BreakerState.OPEN
+    again = _parsed(headers={"X-Sluice-Feature": "summarize"})
+    assert stage.run(again) is True
+    assert again.fields["outcome"] == "fallback" and again.fields["feature"] == "summarize"
+    core = _parsed(headers={"X-Sluice-Feature": "chat"})
+    assert stage.run(core) is False and core.breaker is None
+    unknown = _parsed(headers={"X-Sluice-Feature": "typo"})
+    assert stage.run(unknown) is False and unknown.feature is None
+
+
+class _Ticket:
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+        self.retry_after_s = 7.5
+        self.closed = False
+        self.used_tokens: tuple[int | None, int | None] | None = None
+
+    def used(self, prompt: int | None, completion: int | None) -> None:
+        self.used_tokens = (prompt, completion)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Gate:
+    def __init__(self, ok: bool, limited: bool = True) -> None:
+        self.ok = ok
+        self.limited = limited
+        self.charged: list[tuple[str, int]] = []
+
+    def limits(self, tenant: str) -> object:
+        return self.limited
+
+    async def acquire(self, tenant: str, tokens: int) -> _Ticket:
+        self.charged.append((tenant, tokens))
+        return _Ticket(self.ok)
+
+
+def _refusal() -> Refusal:
+    return Refusal(Telemetry(), _policy())
+
+
+async def test_quota_ticket_refuses_a_tenant_over_its_shared_quota() -> None:
+    ctx = _parsed()
+    gate = _Gate(ok=False)
+    response = await QuotaTicketStage(gate, _refusal()).run(ctx)  # type: ignore[arg-type]
+    assert response is not None and response.status == 429
+    assert response.headers["Retry-After"] == "8"
+    assert _error(response)["code"] == "tenant_quota"
+    assert ctx.fields["outcome"] == "tenant_quota" and ctx.ticket is None
+    # charged the estimate: prompt plus max_tokens (or 1024 when unset)
+    assert gate.charged == [("chat-app", ctx.parsed.prompt_tokens_est + 1024)]
+
+
+async def test_quota_ticket_is_kept_for_the_way_out() -> None:
+    ctx = _parsed()
+    assert await QuotaTicketStage(_Gate(ok=True), _refusal()).run(ctx) is None  # type: ignore[arg-type]
+    assert ctx.ticket is not None
+    unlimited = _parsed()
+    gate = _Gate(ok=True, limited=False)
+    assert await QuotaTicketStage(gate, _refusal()).run(unlimited) is None  # type: ignore[arg-type]
+    assert unlimited.ticket is None and gate.charged == []
+
+
+# --- admission -----------------------------------------------------------------------------
+
+
+def _admission(clock: MonotonicClock | None = None) -> tuple[Admission, Controller, _Pool]:
+    clock = clock or MonotonicClock()
+    controller = Controller(_policy(), clock, ["b0"])
+    controller.set_backend_health("b0", True)
+    pool = _Pool({"m"})
+    bridge = DispatchBridge(controller, clock)
+    return Admission(bridge, pool, Telemetry(), clock, _refusal()), controller, pool  # type: ignore[arg-type]
+
+
+def _begun(admission: Admission, headers: dict[str, str] | None = None) -> RequestContext:
+    ctx = _parsed(headers=headers)
+    ctx.started = admission.clock.now()
+    admission.begin(ctx)
+    return ctx
+
+
+async def test_admission_places_the_request_and_names_its_backend() -> None:
+    admission, controller, _pool = _admission()
+    ctx = _begun(admission, {"X-Stainless-Retry-Count": "1"})
+    assert ctx.headers["X-Request-Id"] == ctx.base_id and ctx.fields["request_id"] == ctx.base_id
+    assert ctx.retry_attempt == 1
+    assert await admission.run(ctx) is None
+    assert ctx.backend.name == "b0" and ctx.request_id == ctx.base_id
+    assert ctx.headers["X-Sluice-Backend"] == "b0" and ctx.headers["X-Sluice-Queue-Ms"] == "0"
+    assert ctx.fields["attempt"] == 1 and ctx.fields["outcome"] == "cancelled"
+    assert controller.backend_of(ctx.request_id) == "b0"
+
+
+async def test_admission_refuses_with_the_cores_code_and_retry_after() -> None:
+    admission, _controller, _pool = _admission()
+    first, second, third = (_begun(admission) for _ in range(3))
+    assert await admission.run(first) is None  # the only slot
+    waiting = asyncio.ensure_future(admission.run(second))  # the only queue place
+    await asyncio.sleep(0)
+    response = await admission.run(third)
+    assert response is not None and response.status == 429
+    assert _error(response)["code"] == "queue_full" and int(response.headers["Retry-After"]) >= 1
+    assert third.fields["outcome"] == "queue_full"
+    waiting.cancel()
+
+
+def _failed(ctx: RequestContext) -> RelayResult:
+    return RelayResult(web.Response(status=502), Outcome.ERROR, retryable=True)
+
+
+async def test_one_retry_after_a_failure_and_never_past_the_clients_deadline() -> None:
+    admission, controller, _pool = _admission()
+    ctx = _begun(admission)
+    await admission.run(ctx)
+    controller.on_finish(ctx.request_id, Outcome.ERROR)
+    assert admission.retry_after_failure(ctx, _failed(ctx)) is True
+    assert await admission.run(ctx) is None
+    assert ctx.request_id == ctx.base_id + "-r1" and ctx.fields["attempt"] == 2
+    controller.on_finish(ctx.request_id, Outcome.ERROR)
+    assert MAX_ATTEMPTS == 2 and admission.retry_after_failure(ctx, _failed(ctx)) is False
+    late = _begun(admission, {"X-Request-Timeout": "1"})
+    late.deadline = admission.clock.now() - 0.001
+    assert admission.retry_after_failure(late, _failed(late)) is False
+
+
+async def test_a_retry_that_finds_no_slot_returns_the_first_answer() -> None:
+    admission, controller, _pool = _admission()
+    holder = _begun(admission)
+    await admission.run(holder)  # keeps the only slot
+    ctx = _begun(admission)
+    first = RelayResult(web.Response(status=502), Outcome.ERROR, retryable=True)
+    ctx.failed = first
+    ctx.attempt = 1
+    ctx.queued_s = 0.25
+    ctx.headers["X-Sluice-Queue-Ms"] = "250"
+    response = await asyncio.wait_for(admission.run(ctx), 5)  # waits RETRY_WAIT_S at most
+    assert response is first.response and ctx.fields["outcome"] == "error"
+    assert int(response.headers["X-Sluice-Queue-Ms"]) >= 250
+    controller.cancel(holder.request_id)
+
+
+# --- forward, account, access record -------------------------------------------------------
+
+
+class _Relay:
+    def __init__(self, result: RelayResult | BaseException) -> None:
+        self.result = result
+        self.first_token: Any = None
+
+    async def forward(self, ctx: RequestContext, on_first_token: Any) -> RelayResult:
+        self.first_token = on_first_token
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result
+
+
+def _forward(relay: _Relay) -> tuple[Forward, Admission, Controller, _Pool]:
+    admission, controller, pool = _admission()
+    clock = admission.clock
+    forward = Forward(relay, controller, admission.bridge, pool, Telemetry(), clock)  # type: ignore[arg-type]
+    return forward, admission, controller, pool
+
+
+async def test_forward_reports_the_finish_to_the_core_and_the_pool() -> None:
+    result = RelayResult(web.Response(), Outcome.OK, prompt_tokens=5, completion_tokens=3)
+    relay = _Relay(result)
+    forward, admission, controller, pool = _forward(relay)
+    ctx = _begun(admission)
+    await admission.run(ctx)
+    assert await forward.run(ctx) is result
+    assert relay.first_token is no_first_token  # an answer relayed whole has none
+    assert controller.backend_of(ctx.request_id) is None  # finished: the slot is free
+    assert pool.recorded == [("b0", Outcome.OK, False)]
+
+
+async def test_forward_gives_the_slot_back_when_the_client_goes_away() -> None:
+    forward, admission, controller, pool = _forward(_Relay(asyncio.CancelledError()))
+    ctx = _begun(admission)
+    await admission.run(ctx)
+    with pytest.raises(asyncio.CancelledError):
+        await forward.run(ctx)
+    assert controller.backend_of(ctx.request_id) is None and pool.recorded == []
+    next_one = _begun(admission)
+    assert await admission.run(next_one) is None  # the slot came back
+
+
+def test_account_feeds_the_ticket_the_breaker_and_the_record() -> None:
+    features = Features(_policy(), MonotonicClock())
+    ctx = _parsed(headers={"X-Sluice-Feature": "summarize"})
+    FeatureBreaker(features).run(ctx)
+    ticket = _Ticket(ok=True)
+    ctx.ticket = ticket  # type: ignore[assignment]
+    ok = RelayResult(web.Response(), Outcome.OK, prompt_tokens=5, completion_tokens=3)
+    assert account(ctx, ok) == "ok"
+    assert ticket.used_tokens == (5, 3) and ctx.fields["completion_tokens"] == 3
+    assert ctx.breaker is not None and ctx.breaker.state is BreakerState.CLOSED
+    assert account(ctx, RelayResult(web.Response(), Outcome.TIMEOUT)) == "timeout"
+    assert ctx.breaker.state is BreakerState.OPEN  # 1 failure in 2: the error rate
+
+
+def test_access_record_is_written_once_with_499_when_the_client_went_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    written: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        "sluice.gateway.stages.access_record.access", lambda f: written.append(dict(f))
+    )
+    ctx = _identified()
+    ticket = _Ticket(ok=True)
+    ctx.ticket = ticket  # type: ignore[assignment]
+    write_access_record(ctx, None, 100.25)
+    assert written == [
+        {
+            "path": "/v1/chat/completions",
+            "tenant": "chat-app",
+            "priority": 0,
+            "status": 499,
+            "duration_ms": 250.0,
+        }
+    ]
+    assert ticket.closed
+    write_access_record(_identified(), web.Response(status=201), 100.0)
+    assert written[-1]["status"] == 201
