@@ -471,6 +471,7 @@ def test_access_record_is_written_once_with_499_when_the_client_went_away(
     assert written == [
         {
             "path": "/v1/chat/completions",
+            "route": "chat",
             "tenant": "chat-app",
             "priority": 0,
             "status": 499,

@@ -141,7 +141,7 @@ def _aborts_counted(gw: GatewayProcess) -> tuple[float, float]:
     m = gw.metrics()
     return (
         m.get('sluice_upstream_aborts_total{backend="backend-0"}', 0.0),
-        m.get('sluice_requests_total{outcome="cancelled",priority="0"}', 0.0),
+        m.get('sluice_requests_total{outcome="cancelled",priority="0",route="chat"}', 0.0),
     )
 
 

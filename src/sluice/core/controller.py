@@ -289,7 +289,12 @@ class Controller:
 
         cost = self._cost
         prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
-        expected_out = cost.expected_output(req.tenant, req.model, req.max_tokens)
+        if req.prefill_only:
+            expected_out = 0.0  # it generates nothing: KV for its prompt only
+        else:
+            expected_out = cost.expected_output(req.tenant, req.model, req.max_tokens)
+            if req.sequences > 1:
+                expected_out *= req.sequences
         footprint = max(1, int(prompt + expected_out + 0.999999))
         quota = self._quotas.acquire(req.tenant, footprint, now)
         if not quota.ok:
@@ -620,10 +625,13 @@ class Controller:
         finished = self._counters[rec.priority].finished
         key = str(outcome)  # its value (StrEnum), without enum's Python-level property
         finished[key] = finished.get(key, 0) + 1
+        info = rec.info
         if outcome is Outcome.OK:
-            self._cost.observe(
-                rec.tenant, rec.model, rec.info.prompt_tokens, prompt_tokens, completion_tokens
-            )
+            # a prefill-only request teaches the prompt ratio, never an output length
+            learned = None if info.prefill_only else completion_tokens
+            if learned is not None and info.sequences > 1:
+                learned = round(learned / info.sequences)  # per sequence, as it is costed
+            self._cost.observe(rec.tenant, rec.model, info.prompt_tokens, prompt_tokens, learned)
         if prompt_tokens is not None or completion_tokens is not None:
             used = (prompt_tokens or 0) + (completion_tokens or 0)
             self._quotas.settle(rec.tenant, used - rec.quota_tokens, now)
@@ -633,6 +641,8 @@ class Controller:
             return  # no latency signal
         e2e = now - rec.dispatched_at
         ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
+        if info.prefill_only:
+            ttft = e2e  # its one step is its prefill: its whole time is its TTFT
         tpot = None
         if ttft is not None and completion_tokens is not None and completion_tokens >= 2:
             tpot = (e2e - ttft) / (completion_tokens - 1)

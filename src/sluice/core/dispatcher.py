@@ -14,7 +14,9 @@ Rules (docs/overload.md):
   * Within a class, the class queue's deficit round robin picks the request.
   * Backend choice: among healthy backends serving the model with a free slot for the
     class and room in their KV budget, the one with the fewest requests in flight; ties
-    go to the fewest estimated tokens in flight, then to the name. A backend with nothing
+    go to the fewest estimated tokens in flight, then to the name. A request pinned to a
+    backend (RequestInfo.backend: a continuation of a response stored there) waits for a
+    slot on that one. A backend with nothing
     in flight takes any request whatever its KV budget (or it could never serve it).
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
@@ -176,6 +178,9 @@ class Dispatcher:
     ) -> BackendState | None:
         """The backend this request would go to now, or None."""
         cands = self._open_all if full_rights else self._open_low
+        if rec.pinned is not None:  # it must run where its stored state is
+            b = cands.get(rec.pinned)
+            cands = {} if b is None else {b.name: b}
         share = 1.0 if full_rights else 1.0 - self.reserved_p0
         model = rec.model
         cost = rec.cost

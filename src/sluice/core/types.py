@@ -31,6 +31,9 @@ class RequestInfo:
     model: str
     prompt_tokens: int  # the shell's estimate from the request text
     max_tokens: int  # what the request may generate at most (policy default when unset)
+    # Sequences the engine runs for it (n, best_of, a list of prompts): each generates up
+    # to max_tokens; the prompt estimate covers all of their prompts.
+    sequences: int = 1
     weight: float = 1.0  # the tenant's share within its class
     # Absolute time (core clock) after which the client will not wait; None = no deadline.
     client_deadline: float | None = None
@@ -40,6 +43,12 @@ class RequestInfo:
     # end: no first-token time to measure, so no overdue-first-token alarm either (its
     # length would look like a TTFT that never came).
     first_token_visible: bool = True
+    # Prefill-only (embeddings, rerank, score, classify): it holds KV for its prompt only
+    # and finishes in the step that computes it, generating nothing; its whole time is
+    # its time to first token.
+    prefill_only: bool = False
+    # It must run on this backend (a continuation of a response stored there); None: any.
+    backend: str | None = None
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,12 @@ from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.errors import error_response
 from sluice.gateway.features import Features
 from sluice.gateway.logs import ACCESS_LOG
+from sluice.gateway.lora_admin import lora_call
+from sluice.gateway.model_catalog import model_cards, model_list
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay
 from sluice.gateway.request_path import RequestPath
-from sluice.gateway.routes import CHAT, COMPLETIONS
+from sluice.gateway.routes import PROXIED, RouteSpec
 from sluice.gateway.shared_quota import SharedQuotaGate
 from sluice.gateway.stages.authenticate import unauthorized
 from sluice.gateway.telemetry import Telemetry
@@ -41,6 +44,7 @@ ACCESS_FLUSH_S = 0.2
 UPSTREAM_KEEPALIVE_S = 4.0
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATIC_DIR = Path(__file__).parent / "static"
 
 
@@ -83,7 +87,9 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self.pool: BackendPool | None = None
         self.relay: Relay | None = None
-        self.path: RequestPath | None = None
+        # the request path, once start() has built it (the proxied routes' handlers run
+        # only after start)
+        self.path: RequestPath
         self._draining = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -160,7 +166,7 @@ class Gateway:
             self.features.set_healthy_fraction(self.pool.healthy_fraction())
         if self.relay is not None:
             self.relay.default_timeout = policy.server.upstream_timeout
-        if self.path is not None:
+        if hasattr(self, "path"):
             self.path.apply_policy(policy, self.keyring, self.features)
         self.bridge.pump()
 
@@ -172,7 +178,7 @@ class Gateway:
     @draining.setter
     def draining(self, value: bool) -> None:
         self._draining = value
-        if self.path is not None:
+        if hasattr(self, "path"):
             self.path.draining = value
 
     async def _flush_access_log(self) -> None:
@@ -201,10 +207,14 @@ class Gateway:
     # --- routes --------------------------------------------------------------------------
 
     def routes(self) -> list[web.RouteDef]:
+        proxied = [web.route(method, path, self._proxy(spec)) for method, path, spec in PROXIED]
         return [
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.post("/v1/completions", self.completions),
+            *proxied,
             web.get("/v1/models", self.models),
+            web.get("/v1/models/{model:.+}", self.model),
+            web.post("/v1/load_lora_adapter", self.load_lora_adapter),
+            web.post("/v1/unload_lora_adapter", self.unload_lora_adapter),
+            web.get("/v1/realtime", self.realtime),
             web.get("/metrics", self.metrics),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
@@ -214,24 +224,55 @@ class Gateway:
             web.get("/admin/state", self.admin_state),
         ]
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        assert self.path is not None
-        return await self.path.serve(request, CHAT)
+    def _proxy(self, spec: RouteSpec) -> Handler:
+        """The handler of a proxied route: the request path with the route's spec."""
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        assert self.path is not None
-        return await self.path.serve(request, COMPLETIONS)
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self.path.serve(request, spec)
+
+        handler.__name__ = f"proxy_{spec.name}"
+        return handler
 
     async def models(self, request: web.Request) -> web.Response:
         if self._tenant(request) is None:
             return unauthorized()
         assert self.pool is not None
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "sluice"}
-            for m in sorted(self.pool.known_models())
-        ]
         return web.Response(
-            body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
+            body=orjson.dumps(model_list(self.pool)), content_type="application/json"
+        )
+
+    async def model(self, request: web.Request) -> web.Response:
+        if self._tenant(request) is None:
+            return unauthorized()
+        assert self.pool is not None
+        name = request.match_info["model"]
+        card = model_cards(self.pool).get(name)
+        if card is None:
+            return error_response(404, f"The model `{name}` does not exist.", "model_not_found")
+        return web.Response(body=orjson.dumps(card), content_type="application/json")
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self._lora(request, "/v1/load_lora_adapter")
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self._lora(request, "/v1/unload_lora_adapter")
+
+    async def _lora(self, request: web.Request, path: str) -> web.Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        assert self.pool is not None and self.session is not None
+        return await lora_call(request, self.pool, self.session, path)
+
+    async def realtime(self, _request: web.Request) -> web.Response:
+        """Refused on purpose (docs/routes.md): a realtime session streams audio for as
+        long as it stays open, which the gateway can neither cost nor bound."""
+        return error_response(
+            501,
+            "Sluice does not relay /v1/realtime sessions: a websocket session streams "
+            "audio for as long as it stays open, which the gateway can neither cost, "
+            "queue nor bound. Use /v1/audio/transcriptions (streamed with stream=true), "
+            "or connect to the backend directly.",
+            "realtime_not_supported",
         )
 
     async def metrics(self, _request: web.Request) -> web.Response:
@@ -319,7 +360,11 @@ class Gateway:
     # --- the request path ----------------------------------------------------------------
 
     def _tenant(self, request: web.Request) -> Any:
+        """The tenant of a request outside the request path (the model list): its key
+        as `Authorization: Bearer` or, from the anthropic SDK, `x-api-key`."""
         key = KeyRing.bearer(request.headers.get("Authorization"))
+        if key is None:
+            key = (request.headers.get("x-api-key") or "").strip() or None
         return self.keyring.tenant_for(key) if key else None
 
 

@@ -80,6 +80,8 @@ POST_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"
 class BackendHandle:
     spec: Backend
     models: set[str] = field(default_factory=set)
+    # what its /v1/models says of each (LoRA adapters included, with their `parent`)
+    cards: dict[str, dict[str, object]] = field(default_factory=dict)
     healthy: bool = False
     failures: int = 0
     metrics_ok: bool = False
@@ -137,6 +139,7 @@ class BackendPool:
         self._started = False
         self._tasks: list[asyncio.Task[None]] = []
         self.backends: dict[str, BackendHandle] = {}
+        self._turn = 0
         self.set_backends(backends)
 
     def set_backends(self, backends: list[Backend]) -> None:
@@ -161,9 +164,6 @@ class BackendPool:
 
     # --- queries -------------------------------------------------------------------------
 
-    def known_models(self) -> set[str]:
-        return {m for h in self.backends.values() for m in h.models}
-
     def serves(self, model: str) -> bool:
         """Whether any backend (healthy or not) serves the model; an unknown model is a
         404, a known model with no healthy backend is a 503."""
@@ -171,6 +171,15 @@ class BackendPool:
 
     def handle(self, name: str) -> BackendHandle:
         return self.backends[name]
+
+    def pick(self, model: str) -> BackendHandle | None:
+        """For a request outside the queues (tokenize, count_tokens): a healthy backend
+        serving the model ("": any), in turn."""
+        fits = [h for h in self.backends.values() if h.healthy and (not model or model in h.models)]
+        if not fits:
+            return None
+        self._turn = (self._turn + 1) % len(fits)
+        return fits[self._turn]
 
     # --- background loops ----------------------------------------------------------------
 
@@ -217,15 +226,23 @@ class BackendPool:
             probe = Probe.FAILED
         h.slow_probes = 0
         ok = probe is Probe.OK
-        if ok and (not h.models or refresh_models) and not h.spec.models:
-            models = await self._fetch_models(h)
-            if models is not None:
-                if models != h.models:
-                    h.models = models
-                    self._controller.set_backend_models(h.name, sorted(models))
-            elif not h.models:
-                ok = False  # serves nothing we can route to yet
+        wanted = ok and (not h.models or refresh_models) and not h.spec.models
+        if wanted and not await self.refresh_models(h) and not h.models:
+            ok = False  # serves nothing we can route to yet
         self.report(h, ok)
+
+    async def refresh_models(self, h: BackendHandle) -> bool:
+        """Read the backend's /v1/models again (at start, every MODELS_REFRESH_S, after a
+        LoRA adapter is loaded or unloaded); False if it did not answer."""
+        cards = await self._fetch_models(h)
+        if cards is None:
+            return False
+        h.cards = cards
+        models = set(cards)
+        if models != h.models:
+            h.models = models
+            self._controller.set_backend_models(h.name, sorted(models))
+        return True
 
     def alive(self, h: BackendHandle) -> bool:
         """Whether the backend answered anything within ALIVE_WINDOW_S."""
@@ -295,7 +312,7 @@ class BackendPool:
         h.last_answer = self._clock.now()
         return Probe.OK if ok else Probe.FAILED  # vLLM answers 503 when its engine died
 
-    async def _fetch_models(self, h: BackendHandle) -> set[str] | None:
+    async def _fetch_models(self, h: BackendHandle) -> dict[str, dict[str, object]] | None:
         try:
             async with self._session.get(
                 f"{h.url}/v1/models",
@@ -307,7 +324,7 @@ class BackendPool:
                 if r.status != 200:
                     return None
                 body = orjson.loads(await r.read())
-            return {m["id"] for m in body.get("data", []) if isinstance(m.get("id"), str)}
+            return {m["id"]: m for m in body.get("data", []) if isinstance(m.get("id"), str)}
         except (
             aiohttp.ClientError,
             TimeoutError,

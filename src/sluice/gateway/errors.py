@@ -69,10 +69,13 @@ _REJECT_MESSAGES = {
 }
 
 
+def reject_message(code: RejectCode, queue: str) -> str:
+    return _REJECT_MESSAGES[code].format(queue=queue)
+
+
 def reject_response(
     code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
 ) -> web.Response:
     status = 503 if code is RejectCode.NO_BACKEND else 429
     hdrs = {**headers, **retry_after_headers(retry_after_s)}
-    message = _REJECT_MESSAGES[code].format(queue=queue)
-    return error_response(status, message, code.value, hdrs)
+    return error_response(status, reject_message(code, queue), code.value, hdrs)

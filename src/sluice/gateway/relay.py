@@ -3,7 +3,12 @@
 Streams are relayed event by event as they arrive (never buffered whole). A client that
 goes away closes the upstream connection at once, which makes vLLM abort the request and
 free its KV-cache blocks. An upstream failure after streaming began ends the stream with an
-error event the client can see, never a silent cut."""
+error event the client can see, never a silent cut.
+
+What differs per route comes from its RouteSpec (routes/spec.py): the backend's path and
+method, the client headers passed on, where the answer's usage is (`usage`), how its
+stream is read (`stream`: the usage event, the first-token event, a refusing backend's
+first event) and the shape of its errors (`errors`)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,6 @@ from aiohttp import web
 
 from sluice.core.types import Outcome
 from sluice.gateway.backend_pool import warn_credentials_refused
-from sluice.gateway.errors import error_body, error_response, retry_after_headers
 from sluice.gateway.telemetry import Telemetry
 from sluice.gateway.upstream_deadline import UpstreamDeadline
 
@@ -28,9 +32,7 @@ if TYPE_CHECKING:
     from sluice.gateway.request_context import RequestContext
 
 _EVENT_END = b"\n\n"
-_USAGE_ONLY = b'"choices":[]'
-_ERROR_EVENT = b'data: {"error"'
-_DONE = b"data: [DONE]\n\n"
+_NO_USAGE: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(slots=True)
@@ -43,6 +45,8 @@ class RelayResult:
     backend_lost: bool = False
     # Failed before anything reached the client: another backend may try it.
     retryable: bool = False
+    # The answer's body, or a stream's first events (what a route may read an id from).
+    head: bytes = b""
 
 
 class Relay:
@@ -61,20 +65,30 @@ class Relay:
         # only a stream's relay changes it: an answer relayed whole shares one that stays
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
         backend = ctx.backend
-        url = backend.url + ctx.route.upstream_path
+        route = ctx.route
+        url = backend.url + (route.upstream_path or ctx.request.raw_path)
         # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
         headers = {**backend.post_headers, "X-Request-Id": ctx.request_id}
-        if (trace := ctx.request.headers.get("traceparent")) is not None:
-            # W3C trace context, the one client header passed on: vLLM's spans (with
-            # --otlp-traces-endpoint) join the client's trace
+        client = ctx.request.headers
+        if (trace := client.get("traceparent")) is not None:
+            # W3C trace context: vLLM's spans (with --otlp-traces-endpoint) join the
+            # client's trace
             headers["traceparent"] = trace
-            if (trace_state := ctx.request.headers.get("tracestate")) is not None:
+            if (trace_state := client.get("tracestate")) is not None:
                 headers["tracestate"] = trace_state
+        if route.forwarded_headers:  # the route's own (anthropic-version, -beta)
+            for name in route.forwarded_headers:
+                if (value := client.get(name)) is not None:
+                    headers[name] = value
+        if route.client_content_type:  # a multipart upload keeps its boundary
+            headers["Content-Type"] = client.get("Content-Type", "")
         deadline = UpstreamDeadline(max(0.001, timeout))
         timed_out = False
         try:
             try:
-                async with self._session.post(url, data=ctx.body, headers=headers) as up:
+                async with self._session.request(
+                    route.method, url, data=ctx.body, headers=headers
+                ) as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
@@ -133,7 +147,7 @@ class Relay:
 
     async def _relay_body(self, ctx: RequestContext, up: aiohttp.ClientResponse) -> RelayResult:
         data = await up.read()
-        usage = _usage_of(data)
+        prompt, completion = ctx.route.usage.read(data)
         response = web.Response(
             body=data,
             status=200,
@@ -142,7 +156,7 @@ class Relay:
                 "Content-Type": up.headers.get("Content-Type", "application/json"),
             },
         )
-        return RelayResult(response, Outcome.OK, *usage)
+        return RelayResult(response, Outcome.OK, prompt, completion, head=data)
 
     async def _relay_stream(
         self,
@@ -151,9 +165,14 @@ class Relay:
         on_first_token: Callable[[], None],
         state: _StreamState,
     ) -> RelayResult:
+        shape = ctx.route.stream
+        assert shape is not None, "only a route with a stream shape is streamed"
         pending = b""
-        usage: tuple[int | None, int | None] = (None, None)
+        usage = _NO_USAGE
         response: web.StreamResponse | None = None
+        head = b""
+        # the first token's event, when it is not the first event (None: it is)
+        first_token = shape.first_token_marker
         async for chunk in up.content.iter_any():
             # Relay whole events only; a chunk usually is exactly that (no copy then).
             if pending:
@@ -165,11 +184,13 @@ class Relay:
                     continue
                 chunk, pending = chunk[: end + 2], chunk[end + 2 :]
             if response is None:
-                if chunk.startswith(_ERROR_EVENT):
+                if chunk.startswith(shape.refusal_prefix):
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
                     return _overloaded(ctx, _error_message(chunk))
-                on_first_token()
+                if first_token is None:
+                    on_first_token()
+                head = chunk
                 response = state.response = web.StreamResponse(
                     status=200,
                     headers={
@@ -179,8 +200,11 @@ class Relay:
                     },
                 )
                 await response.prepare(ctx.request)
-            if _USAGE_ONLY in chunk:
-                chunk, usage = _take_usage(chunk, ctx.strip_usage)
+            if first_token is not None and first_token in chunk:
+                on_first_token()
+                first_token = None
+            if shape.usage_marker in chunk:
+                chunk, usage = shape.take_usage(chunk, ctx.route.usage, ctx.strip_usage, usage)
             try:
                 await response.write(chunk)
             except ConnectionResetError:
@@ -191,7 +215,7 @@ class Relay:
         if pending:
             await self._write(state, pending)
         await response.write_eof()
-        return RelayResult(response, Outcome.OK, *usage)
+        return RelayResult(response, Outcome.OK, *usage, head=head)
 
     async def _write(self, state: _StreamState, data: bytes) -> None:
         assert state.response is not None
@@ -218,7 +242,7 @@ class Relay:
                 f"(HTTP {up.status}); its key is set with backends[].apiKeyEnv."
             )
             return RelayResult(
-                error_response(502, message, "upstream_auth", ctx.headers),
+                ctx.route.errors.response(502, message, "upstream_auth", ctx.headers),
                 Outcome.ERROR,
                 retryable=True,
             )
@@ -236,7 +260,7 @@ class Relay:
         self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
         message = f"The backend answered HTTP {up.status}: {_error_message(data)}"
         return RelayResult(
-            error_response(502, message, "upstream_error", ctx.headers),
+            ctx.route.errors.response(502, message, "upstream_error", ctx.headers),
             Outcome.ERROR,
             retryable=True,
         )
@@ -250,14 +274,15 @@ class Relay:
         code: str,
         outcome: Outcome,
     ) -> RelayResult:
+        errors = ctx.route.errors
         if state.response is None:
             return RelayResult(
-                error_response(status, message, code, ctx.headers),
+                errors.response(status, message, code, ctx.headers),
                 outcome,
                 retryable=outcome is Outcome.ERROR,
             )
         # Streaming already began: end the stream with an error event the client can see.
-        event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
+        event = errors.stream_failure(status, message, code)
         with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
             await state.response.write(event)
             await state.response.write_eof()
@@ -275,16 +300,18 @@ _WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
 
 def _overloaded(ctx: RequestContext, detail: str) -> RelayResult:
     message = f"The backend is overloaded ({detail}); retry shortly."
-    headers = {**ctx.headers, **retry_after_headers(1.0)}
     return RelayResult(
-        error_response(503, message, "backend_overloaded", headers),
-        Outcome.OVERLOADED,
-        retryable=True,
+        ctx.route.errors.overloaded(message, ctx.headers), Outcome.OVERLOADED, retryable=True
     )
 
 
 def _error_message(data: bytes) -> str:
-    text = data.removeprefix(b"data: ").split(b"\n\n", 1)[0]
+    """The message of a backend's error: an OpenAI-shaped body, an Anthropic-shaped one
+    (`error.message` too), or an SSE error event (`data: {...}`, maybe after `event:`)."""
+    text = data
+    if data.startswith((b"data:", b"event:")) and (at := data.find(b"data: ")) >= 0:
+        text = data[at + 6 :]
+    text = text.split(b"\n\n", 1)[0]
     try:
         body = orjson.loads(text)
         err = body.get("error") if isinstance(body, dict) else None
@@ -295,48 +322,3 @@ def _error_message(data: bytes) -> str:
     except orjson.JSONDecodeError:
         pass
     return text[:200].decode("utf-8", "replace")
-
-
-def _usage_of(data: bytes) -> tuple[int | None, int | None]:
-    """The token counts of an answer's `usage` object. Fast path: parse only the last
-    `"usage": {...}` (a raw `"usage"` is a key: inside a JSON string its quotes would be
-    escaped); anything unexpected there falls back to parsing the whole answer."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
-        return None, None
-    start = data.find(b"{", at)
-    end = data.find(b"}", start)
-    if start > 0 and end > 0 and data[at + 7 : start].strip() == b":":
-        try:
-            usage = orjson.loads(data[start : end + 1])
-        except orjson.JSONDecodeError:
-            usage = None  # nested objects inside usage
-        if type(usage) is dict and "prompt_tokens" in usage:
-            return _count(usage["prompt_tokens"]), _count(usage.get("completion_tokens"))
-    try:
-        usage = orjson.loads(data).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None, None
-    if not isinstance(usage, dict):
-        return None, None
-    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-
-
-def _count(value: object) -> int | None:
-    # exactly int: not a bool (orjson makes no other int subclass)
-    return value if type(value) is int else None
-
-
-def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
-    """Read the usage-only event's counts, and cut it out when the client did not ask."""
-    kept = []
-    usage: tuple[int | None, int | None] = (None, None)
-    for event in events.split(_EVENT_END):
-        if not event:
-            continue
-        if _USAGE_ONLY in event and event.startswith(b"data: {"):
-            usage = _usage_of(event[6:])
-            if strip:
-                continue
-        kept.append(event + _EVENT_END)
-    return b"".join(kept), usage

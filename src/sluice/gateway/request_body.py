@@ -29,6 +29,7 @@ class ParsedRequest:
     include_usage: bool  # the client asked for the usage chunk
     max_tokens: int | None
     prompt_tokens_est: int
+    sequences: int = 1  # each generates up to max_tokens (n, best_of, a list of prompts)
 
 
 def _text_tokens(text: str) -> int:

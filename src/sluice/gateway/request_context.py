@@ -33,6 +33,7 @@ class RequestContext:
     parsed: ParsedRequest  # parse_body
     backend: BackendHandle  # admission: the current attempt's backend
     priority = 0  # classify: the class the request runs in
+    metric_key: tuple[int, str]  # classify: (priority, route), what its metrics are labelled by
     raw = b""  # read_body: the body as the client sent it
     stream = False  # parse_body: the answer is a stream
     strip_usage = False  # the gateway asked a stream for usage; the client did not
@@ -40,6 +41,7 @@ class RequestContext:
     wait_deadline: float | None = None  # the client waits no longer for a first byte
     deadline: float | None = None  # the client waits no longer for the answer
     retry_attempt = 0  # a client's retry: which one (X-Sluice-Retry, x-stainless-retry-count)
+    pinned_backend: str | None = None  # a continuation goes where its response is stored
     feature: Feature | None = None  # feature_breaker
     feature_name: str | None = None
     breaker: CircuitBreaker | None = None  # the feature's, if it is not core
@@ -55,6 +57,6 @@ class RequestContext:
         self.route = route
         self.started = started  # time.monotonic() at arrival (the core's clock)
         # the access record, written once on the way out (stages/access_record.py)
-        self.fields: dict[str, Any] = {"path": request.path}
+        self.fields: dict[str, Any] = {"path": request.path, "route": route.name}
         # the answer's own headers (X-Sluice-Priority, -Queue-Ms, -Backend, X-Request-Id)
         self.headers: dict[str, str] = {}

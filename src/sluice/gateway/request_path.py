@@ -8,18 +8,24 @@ RouteSpec (gateway/routes.py).
      read_body       size and time limits                            413 / 408
      parse_body      model, stream, cost (the route's rules),
                      client deadlines, model known                   400 / 404
+     ── a route outside the queues (RouteSpec.queued False: tokenize, count_tokens,
+        a stored response): admission.begin, bypass.place (or stored_responses.locate),
+        bypass.forward, account; then the access record ──
      feature_breaker non-core feature with its breaker open   ->  fallback
      admission.begin the request id; a client's retry counted
+     stored_responses.continuation: previous_response_id -> its backend, its tokens
      quota_ticket    shared quota in Redis (when configured)         429 tenant_quota
   ┌> admission       core admission, queue wait                      429 / 503
   │  forward         relay to the backend; the core and the pool learn the result
   │  account         ticket usage, feature breaker, outcome
   └─ retry_after_failure: failed before the first byte, once, on another backend
                      (a non-core feature answers from its fallback instead)
+     stored_responses.remember: a stored response's backend and tenant
      access_record   on every way out: the access record, the ticket settled
 
 A stage that answers returns the response and the path stops there; the access record
-is written whatever happened (the client's hang-up included: status 499)."""
+is written whatever happened (the client's hang-up included: status 499). Every answer
+the path writes is in the route's error shape (RouteSpec.errors)."""
 
 from __future__ import annotations
 
@@ -28,18 +34,21 @@ from aiohttp import web
 from sluice.config import Policy
 from sluice.core.clock import Clock
 from sluice.core.controller import Controller
+from sluice.core.types import Outcome
 from sluice.gateway.auth import KeyRing
 from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.features import Features
 from sluice.gateway.relay import Relay
 from sluice.gateway.request_context import RequestContext
+from sluice.gateway.response_store import ResponseStore
 from sluice.gateway.routes import RouteSpec
 from sluice.gateway.shared_quota import SharedQuotaGate
 from sluice.gateway.stages.access_record import write_access_record
 from sluice.gateway.stages.account import account
 from sluice.gateway.stages.admission import Admission
 from sluice.gateway.stages.authenticate import Authenticate
+from sluice.gateway.stages.bypass import Bypass
 from sluice.gateway.stages.classify import classify
 from sluice.gateway.stages.draining import shutting_down
 from sluice.gateway.stages.fallback import Fallback
@@ -49,6 +58,7 @@ from sluice.gateway.stages.parse_body import ParseBody
 from sluice.gateway.stages.quota_ticket import QuotaTicketStage
 from sluice.gateway.stages.read_body import ReadBody
 from sluice.gateway.stages.refusal import Refusal
+from sluice.gateway.stages.stored_responses import StoredResponses
 from sluice.gateway.telemetry import Telemetry
 
 
@@ -78,6 +88,9 @@ class RequestPath:
         self._quota = QuotaTicketStage(quota_gate, refusal) if quota_gate is not None else None
         self._admission = admission = Admission(bridge, pool, telemetry, clock, refusal)
         self._forward = Forward(relay, controller, bridge, pool, telemetry, clock)
+        self._bypass = Bypass(pool, relay, refusal)
+        self.responses = ResponseStore()
+        self.stored = StoredResponses(self.responses, pool)
         # bound once: the stages as the path calls them
         self.authenticate = self._authenticate.run
         self.read_body = self._read_body.run
@@ -112,10 +125,15 @@ class RequestPath:
             response = await self.read_body(ctx) or self.parse_body(ctx)
             if response is not None:
                 return response
+            if not route.queued:
+                response = await self._outside_the_queues(ctx)
+                return response
             if self.feature_breaker(ctx):
                 response = await self.fallback(ctx)
                 return response
             self.begin(ctx)
+            if route.stores_responses:
+                self.stored.continuation(ctx)
             if self.quota is not None and (response := await self.quota(ctx)) is not None:
                 return response
             while True:
@@ -133,10 +151,26 @@ class RequestPath:
                         return response
                     if self.retry_after_failure(ctx, result):
                         continue
-                priority = ctx.priority
-                self.telemetry.outcome(priority, outcome)
-                self.telemetry.observe_latency(priority, self.clock.now() - ctx.started)
+                if route.stores_responses and result.outcome is Outcome.OK:
+                    self.stored.remember(ctx, result)
+                key = ctx.metric_key
+                self.telemetry.outcome(key, outcome)
+                self.telemetry.observe_latency(key, self.clock.now() - ctx.started)
                 response = result.response
                 return response
         finally:
             write_access_record(ctx, response, self.clock.now())
+
+    async def _outside_the_queues(self, ctx: RequestContext) -> web.StreamResponse:
+        """A route that costs nothing on the GPU: straight to a backend (stages/bypass.py)."""
+        self.begin(ctx)
+        # a stored response goes to the backend that holds it, the rest to any that fits
+        stored = ctx.route.stores_responses
+        answer = self.stored.locate(ctx) if stored else self._bypass.place(ctx)
+        if answer is not None:
+            return answer
+        result = await self._bypass.forward(ctx)
+        key = ctx.metric_key
+        self.telemetry.outcome(key, account(ctx, result))
+        self.telemetry.observe_latency(key, self.clock.now() - ctx.started)
+        return result.response

@@ -92,11 +92,14 @@ class Admission:
             model=parsed.model,
             prompt_tokens=parsed.prompt_tokens_est,
             max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
+            sequences=parsed.sequences,
             weight=tenant.weight,
             client_deadline=patience,
             feature=ctx.feature_name,
             retry_attempt=ctx.retry_attempt,
             first_token_visible=ctx.stream,
+            prefill_only=ctx.route.prefill_only,
+            backend=ctx.pinned_backend,
         )
         admission = self.bridge.arrive(info)
         if not admission.queued:
@@ -110,7 +113,7 @@ class Admission:
         queue_ms = round(ctx.queued_s * 1000)
         ctx.headers["X-Sluice-Queue-Ms"] = str(queue_ms)
         ctx.fields["queue_ms"] = round(ctx.queued_s * 1000, 1)
-        self.telemetry.observe_queue_wait(ctx.priority, decision.queued_s)
+        self.telemetry.observe_queue_wait(ctx.metric_key, decision.queued_s)
         if isinstance(decision, Rejection):
             if ctx.failed is not None:
                 return self._retry_gave_up(ctx)
@@ -128,7 +131,7 @@ class Admission:
         if ctx.attempt + 1 < MAX_ATTEMPTS and (
             ctx.deadline is None or self.clock.now() < ctx.deadline
         ):
-            self.telemetry.outcome(ctx.priority, "retried_on_other_backend")
+            self.telemetry.outcome(ctx.metric_key, "retried_on_other_backend")
             ctx.failed = result
             ctx.attempt += 1
             return True
@@ -141,6 +144,6 @@ class Admission:
         ctx.fields["outcome"] = failed.outcome.value
         if "X-Sluice-Queue-Ms" in ctx.headers:
             failed.response.headers["X-Sluice-Queue-Ms"] = ctx.headers["X-Sluice-Queue-Ms"]
-        self.telemetry.outcome(ctx.priority, failed.outcome.value)
-        self.telemetry.observe_latency(ctx.priority, self.clock.now() - ctx.started)
+        self.telemetry.outcome(ctx.metric_key, failed.outcome.value)
+        self.telemetry.observe_latency(ctx.metric_key, self.clock.now() - ctx.started)
         return failed.response

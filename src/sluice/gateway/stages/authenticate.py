@@ -5,13 +5,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from sluice.gateway.auth import KeyRing
-from sluice.gateway.errors import error_response
+from sluice.gateway.error_shapes import OPENAI, ErrorShape
 from sluice.gateway.request_context import RequestContext
 
 
-def unauthorized() -> web.Response:
-    return error_response(
-        401, "Missing or unknown API key: send Authorization: Bearer <key>.", "invalid_api_key"
+def unauthorized(errors: ErrorShape = OPENAI, key_header: str | None = None) -> web.Response:
+    also = f" (or {key_header}: <key>)" if key_header else ""
+    return errors.response(
+        401,
+        f"Missing or unknown API key: send Authorization: Bearer <key>{also}.",
+        "invalid_api_key",
     )
 
 
@@ -20,10 +23,13 @@ class Authenticate:
         self.keyring = keyring
 
     def run(self, ctx: RequestContext) -> web.Response | None:
-        key = KeyRing.bearer(ctx.request.headers.get("Authorization"))
+        headers = ctx.request.headers
+        key = KeyRing.bearer(headers.get("Authorization"))
+        if key is None and (other := ctx.route.key_header) is not None:
+            key = (headers.get(other) or "").strip() or None  # Anthropic's x-api-key
         tenant = self.keyring.tenant_for(key) if key else None
         if tenant is None:
-            return unauthorized()
+            return unauthorized(ctx.route.errors, ctx.route.key_header)
         ctx.tenant = tenant
         ctx.fields["tenant"] = tenant.name
         return None

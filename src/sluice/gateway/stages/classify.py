@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from sluice.gateway.errors import error_response
 from sluice.gateway.request_context import RequestContext
 
 _VALID = ("0", "1", "2")
@@ -17,14 +16,14 @@ def classify(ctx: RequestContext) -> web.Response | None:
     if asked is not None:
         asked = asked.strip()
         if asked not in _VALID:
-            return error_response(
+            return ctx.route.errors.response(
                 400,
                 "X-Priority must be 0, 1 or 2",
                 "invalid_priority",
                 {"X-Sluice-Priority": str(priority)},
             )
         if int(asked) < priority:
-            return error_response(
+            return ctx.route.errors.response(
                 403,
                 f"this key may ask for priority {priority} or lower (a higher number), not {asked}",
                 "priority_not_allowed",
@@ -32,6 +31,7 @@ def classify(ctx: RequestContext) -> web.Response | None:
             )
         priority = int(asked)
     ctx.priority = priority
+    ctx.metric_key = (priority, ctx.route.name)
     ctx.headers["X-Sluice-Priority"] = str(priority)
     ctx.fields["priority"] = priority
     return None

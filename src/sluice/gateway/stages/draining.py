@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from sluice.gateway.errors import error_response
 from sluice.gateway.request_context import RequestContext
 
 
 def shutting_down(ctx: RequestContext) -> web.Response:
-    return error_response(
+    return ctx.route.errors.response(
         503,
         "The gateway is shutting down; retry on another replica.",
         "shutting_down",

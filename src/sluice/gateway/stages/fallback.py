@@ -11,15 +11,12 @@ import orjson
 from aiohttp import web
 
 from sluice.gateway.backend_pool import BackendPool
-from sluice.gateway.fallback import static_fallback
+from sluice.gateway.errors import retry_after_headers
 from sluice.gateway.relay import Relay
 from sluice.gateway.request_body import ParsedRequest, upstream_body
 from sluice.gateway.request_context import RequestContext
+from sluice.gateway.stages.forward import no_first_token
 from sluice.gateway.telemetry import Telemetry
-
-
-def _no_first_token() -> None:
-    pass
 
 
 class Fallback:
@@ -33,11 +30,18 @@ class Fallback:
         feature, parsed = ctx.feature, ctx.parsed
         assert feature is not None and feature.fallback is not None
         self.telemetry.fallbacks.labels(feature.name).inc()
-        self.telemetry.outcome(ctx.priority, "fallback")
+        self.telemetry.outcome(ctx.metric_key, "fallback")
         if feature.fallback.static is not None:
-            return await static_fallback(
-                ctx.request, parsed, feature.fallback.static, ctx.route.chat, ctx.headers
-            )
+            write = ctx.route.fallback
+            if write is None:  # an embedding, a score: no text can stand in for one
+                return ctx.route.errors.response(
+                    503,
+                    f"The feature {feature.name} is degraded and this route has no text "
+                    "fallback; retry after the indicated delay.",
+                    "feature_degraded",
+                    {**ctx.headers, **retry_after_headers(5.0)},
+                )
+            return await write(ctx.request, parsed, feature.fallback.static, ctx.headers)
         assert feature.fallback.backend
         small = RequestContext(ctx.request, ctx.route, ctx.started)
         small.priority = ctx.priority
@@ -52,11 +56,12 @@ class Fallback:
             include_usage=parsed.include_usage,
             max_tokens=parsed.max_tokens,
             prompt_tokens_est=parsed.prompt_tokens_est,
+            sequences=parsed.sequences,
         )
         small.request_id = f"fallback-{next(self._ids)}"
         small.body = upstream_body(small.parsed, orjson.dumps(body))
         small.stream = ctx.stream
         small.strip_usage = ctx.strip_usage
         small.headers = {**ctx.headers, "X-Sluice-Fallback": "model"}
-        result = await self.relay.forward(small, on_first_token=_no_first_token)
+        result = await self.relay.forward(small, on_first_token=no_first_token)
         return result.response

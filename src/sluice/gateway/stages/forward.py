@@ -48,7 +48,7 @@ class Forward:
             # The client went away (the handler is cancelled) or something unexpected:
             # the slot comes back either way.
             self.controller.cancel(request_id)
-            self.telemetry.outcome(ctx.priority, Outcome.CANCELLED.value)
+            self.telemetry.outcome(ctx.metric_key, Outcome.CANCELLED.value)
             self.bridge.pump()
             raise
         self.controller.on_finish(
@@ -61,6 +61,6 @@ class Forward:
     def _first_token(self, ctx: RequestContext) -> Callable[[], None]:
         def on_first_token() -> None:
             self.controller.on_first_token(ctx.request_id)
-            self.telemetry.observe_ttft(ctx.priority, self.clock.now() - ctx.started)
+            self.telemetry.observe_ttft(ctx.metric_key, self.clock.now() - ctx.started)
 
         return on_first_token

@@ -8,7 +8,6 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from sluice.gateway.backend_pool import BackendPool
-from sluice.gateway.errors import error_response
 from sluice.gateway.request_body import BadRequest, upstream_body
 from sluice.gateway.request_context import RequestContext
 
@@ -55,19 +54,28 @@ class ParseBody:
         self.pool = pool
 
     def run(self, ctx: RequestContext) -> web.Response | None:
+        route = ctx.route
+        headers = ctx.request.headers
         try:
-            parsed = ctx.route.parse(ctx.raw)
-            first_byte_s, total_s = client_timeouts(ctx.request.headers)
+            parsed = route.parse(ctx.raw, headers)
+            first_byte_s, total_s = client_timeouts(headers)
         except BadRequest as exc:
-            return error_response(400, str(exc), "invalid_request", ctx.headers)
-        if not self.pool.serves(parsed.model):
-            return error_response(
+            code = getattr(exc, "code", "invalid_request")
+            return route.errors.response(400, str(exc), code, ctx.headers)
+        if parsed.model and not self.pool.serves(parsed.model):
+            return ctx.route.errors.response(
                 404, f"The model `{parsed.model}` does not exist.", "model_not_found", ctx.headers
             )
         ctx.parsed = parsed
-        stream = ctx.stream = parsed.stream
-        ctx.strip_usage = stream and not parsed.include_usage
-        ctx.body = upstream_body(parsed, ctx.raw)
+        ctx.body = ctx.raw
+        shape = route.stream
+        # a route that is never streamed is relayed whole, whatever the body says
+        if parsed.stream and shape is not None:
+            ctx.stream = True
+            if shape.asks_usage and not parsed.include_usage:
+                # the gateway needs the counts: it asks, and cuts them out for the client
+                ctx.strip_usage = True
+                ctx.body = upstream_body(parsed, ctx.raw)
         # The core drops a queued request its client will no longer wait for; the relay
         # stops an upstream call at the client's overall deadline.
         if first_byte_s is not None:

@@ -7,7 +7,6 @@ import asyncio
 from aiohttp import web
 
 from sluice.config import ServerPolicy
-from sluice.gateway.errors import error_response
 from sluice.gateway.request_context import RequestContext
 
 
@@ -24,14 +23,14 @@ class ReadBody:
                 async with asyncio.timeout(self.server.read_timeout):
                     ctx.raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return error_response(
+            return ctx.route.errors.response(
                 413,
                 f"the body is larger than {self.server.max_body_bytes} bytes",
                 "body_too_large",
                 ctx.headers,
             )
         except TimeoutError:
-            return error_response(
+            return ctx.route.errors.response(
                 408, "the request body was not received in time", "request_timeout", ctx.headers
             )
         return None

@@ -7,7 +7,6 @@ from aiohttp import web
 
 from sluice.config import Policy
 from sluice.core.types import RejectCode
-from sluice.gateway.errors import reject_response
 from sluice.gateway.request_context import RequestContext
 from sluice.gateway.telemetry import Telemetry
 
@@ -21,7 +20,7 @@ class Refusal:
         breaker = ctx.breaker
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
-        priority = ctx.priority
-        self.telemetry.rejections.labels(str(priority), code.value).inc()
-        self.telemetry.outcome(priority, "rejected")
-        return reject_response(code, retry_after_s, self.policy.queue(priority).name, ctx.headers)
+        self.telemetry.rejected(ctx.metric_key, code.value)
+        self.telemetry.outcome(ctx.metric_key, "rejected")
+        queue = self.policy.queue(ctx.priority).name
+        return ctx.route.errors.reject(code, retry_after_s, queue, ctx.headers)
