@@ -233,8 +233,12 @@ def test_client_timeouts_take_the_smallest_applicable() -> None:
         _headers(**{"X-Stainless-Read-Timeout": "30", "X-Request-Timeout": "9"})
     ) == (9.0, 9.0)
     for bad in ("0", "-1", "inf", "nan", "x"):
-        with pytest.raises(BadRequest, match="X-Stainless-Timeout"):
-            client_timeouts(_headers(**{"X-Stainless-Timeout": bad}))
+        with pytest.raises(BadRequest, match="X-Request-Timeout"):
+            client_timeouts(_headers(**{"X-Request-Timeout": bad}))
+    # what an SDK writes when no timeout was set (the anthropic SDK's NOT_GIVEN) is ignored
+    for unset in ("NOT_GIVEN", "None", "0", "inf"):
+        hint = {"X-Stainless-Timeout": unset, "X-Stainless-Read-Timeout": unset}
+        assert client_timeouts(_headers(**hint)) == (None, None)
 
 
 def test_retry_attempt_names_the_client() -> None:

@@ -99,7 +99,7 @@ class AnthropicErrors(ErrorShape):
 
     def body(self, status: int, message: str, code: str | None) -> bytes:
         if code:
-            message = f"{message} (code: {code})"
+            message = f"{message.rstrip('.')} (code: {code})."
         kind = _ANTHROPIC_TYPES.get(status, "api_error")
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 

@@ -11,7 +11,6 @@ from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.request_body import BadRequest, upstream_body
 from sluice.gateway.request_context import RequestContext
 
-_WHOLE_CALL = ("X-Request-Timeout", "X-Stainless-Timeout")
 _NEITHER = (None, None)
 _NO_DEADLINE: tuple[float | None, float | None] = (None, None)
 
@@ -20,22 +19,20 @@ def client_timeouts(headers: CIMultiDictProxy[str]) -> tuple[float | None, float
     """The client's own deadlines in seconds: (for the first byte, for the whole call).
     X-Request-Timeout and the openai SDK's X-Stainless-Timeout bound the whole call;
     X-Stainless-Read-Timeout bounds each read, so only the wait for the first byte (the
-    queue wait). The smallest applicable one wins."""
+    queue wait). The smallest applicable one wins. X-Request-Timeout is the caller's own
+    word: not a positive number of seconds, it is a 400. The X-Stainless ones are what an
+    SDK writes by itself, and the anthropic SDK writes `NOT_GIVEN` when no timeout was
+    set: such a value says nothing and is ignored."""
     whole = headers.get("X-Request-Timeout"), headers.get("X-Stainless-Timeout")
     read = headers.get("X-Stainless-Read-Timeout")
     if whole == _NEITHER and read is None:
         return _NO_DEADLINE
-    total: float | None = None
-    for name, value in zip(_WHOLE_CALL, whole, strict=True):
-        if value is not None:
-            seconds = _seconds(name, value)
-            if total is None or seconds < total:
-                total = seconds
+    total = None if whole[0] is None else _seconds("X-Request-Timeout", whole[0])
+    if whole[1] is not None and (seconds := _hint(whole[1])) is not None:
+        total = seconds if total is None else min(total, seconds)
     first = total
-    if read is not None:
-        seconds = _seconds("X-Stainless-Read-Timeout", read)
-        if first is None or seconds < first:
-            first = seconds
+    if read is not None and (seconds := _hint(read)) is not None:
+        first = seconds if first is None else min(first, seconds)
     return first, total
 
 
@@ -47,6 +44,15 @@ def _seconds(name: str, value: str) -> float:
     if not 0 < seconds < float("inf"):
         raise BadRequest(f"{name} must be a positive number of seconds")
     return seconds
+
+
+def _hint(value: str) -> float | None:
+    """An SDK's timeout header: its seconds, or None if it says none."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 < seconds < float("inf") else None
 
 
 class ParseBody:
