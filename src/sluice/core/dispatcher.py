@@ -16,7 +16,8 @@ Rules (docs/overload.md):
     class and room in their KV budget, the one with the fewest requests in flight; ties
     go to the fewest estimated tokens in flight, then to the name. A request pinned to a
     backend (RequestInfo.backend: a continuation of a response stored there) waits for a
-    slot on that one. A backend with nothing
+    slot on that one; at the head of its class it holds its class back until then (a
+    slot frees with the next finish there), not the lower classes. A backend with nothing
     in flight takes any request whatever its KV budget (or it could never serve it).
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
@@ -254,7 +255,10 @@ class Dispatcher:
                 full = q.priority == 0 or (guard and q is q1)
                 b = self.place(rec, full, blocked)
                 if b is None:
-                    if not (guard and q is q1):  # a failed aged turn does not block P0
+                    # A failed aged turn does not block P0; a pinned request waits for its
+                    # own backend, not for its model's capacity: lower classes may use the
+                    # others (its class waits behind it, in order, as for any head).
+                    if not (guard and q is q1) and rec.pinned is None:
                         blocked.add(rec.model)
                     continue
                 q.pop()
