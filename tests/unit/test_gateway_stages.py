@@ -172,6 +172,7 @@ class _Pool:
     def __init__(self, models: set[str]) -> None:
         self.models = models
         self.recorded: list[tuple[str, Outcome, bool]] = []
+        self.backends = {"b0": self.handle("b0")}
 
     def serves(self, model: str) -> bool:
         return model in self.models

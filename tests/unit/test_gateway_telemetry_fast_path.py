@@ -43,11 +43,11 @@ def test_the_telemetry_uses_it_for_every_class() -> None:
     t = Telemetry()
     for prio in (0, 1, 2):
         key = (prio, "chat")
-        t.observe_latency(key, 0.3)
-        t.observe_queue_wait(key, 0.0)
-        t.observe_ttft(key, 2.0)
-        t.outcome(key, "ok")
-        t.outcome(key, "ok")
+        t.observe_latency[key](0.3)
+        t.observe_queue_wait[key](0.0)
+        t.observe_ttft[key](2.0)
+        t.count[key, "ok"](1)
+        t.count[key, "ok"](1)
     text = t.render().decode()
     for prio in "012":
         labels = f'priority="{prio}",route="chat"'

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from sluice.gateway.model_catalog import model_cards, model_list
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay
 from sluice.gateway.request_path import RequestPath
-from sluice.gateway.routes import PROXIED, RouteSpec
+from sluice.gateway.routes import PROXIED
 from sluice.gateway.shared_quota import SharedQuotaGate
 from sluice.gateway.stages.authenticate import unauthorized
 from sluice.gateway.telemetry import Telemetry
@@ -44,7 +44,6 @@ ACCESS_FLUSH_S = 0.2
 UPSTREAM_KEEPALIVE_S = 4.0
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATIC_DIR = Path(__file__).parent / "static"
 
 
@@ -87,9 +86,17 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self.pool: BackendPool | None = None
         self.relay: Relay | None = None
-        # the request path, once start() has built it (the proxied routes' handlers run
-        # only after start)
-        self.path: RequestPath
+        # every proxied route's handler (start() connects it to the backends)
+        self.path = RequestPath(
+            policy,
+            self.keyring,
+            self.features,
+            self.controller,
+            self.bridge,
+            self.telemetry,
+            self.clock,
+            self.quota_gate,
+        )
         self._draining = False
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -123,19 +130,7 @@ class Gateway:
             on_breaker=self.telemetry.breaker_changed,
         )
         self.relay = Relay(self.session, self.telemetry, self.policy.server.upstream_timeout)
-        self.path = RequestPath(
-            self.policy,
-            self.keyring,
-            self.features,
-            self.controller,
-            self.bridge,
-            self.pool,
-            self.relay,
-            self.telemetry,
-            self.clock,
-            self.quota_gate,
-        )
-        self.path.draining = self._draining
+        self.path.connect(self.pool, self.relay)
         await self.pool.start()
         if self.quota_gate is not None:
             await self.quota_gate.start()
@@ -166,8 +161,7 @@ class Gateway:
             self.features.set_healthy_fraction(self.pool.healthy_fraction())
         if self.relay is not None:
             self.relay.default_timeout = policy.server.upstream_timeout
-        if hasattr(self, "path"):
-            self.path.apply_policy(policy, self.keyring, self.features)
+        self.path.apply_policy(policy, self.keyring, self.features)
         self.bridge.pump()
 
     @property
@@ -178,8 +172,7 @@ class Gateway:
     @draining.setter
     def draining(self, value: bool) -> None:
         self._draining = value
-        if hasattr(self, "path"):
-            self.path.draining = value
+        self.path.draining = value
 
     async def _flush_access_log(self) -> None:
         while True:
@@ -207,7 +200,11 @@ class Gateway:
     # --- routes --------------------------------------------------------------------------
 
     def routes(self) -> list[web.RouteDef]:
-        proxied = [web.route(method, path, self._proxy(spec)) for method, path, spec in PROXIED]
+        # the request path itself is each proxied route's handler, given the route's spec
+        proxied = [
+            web.route(method, path, partial(self.path.serve, route=spec))
+            for method, path, spec in PROXIED
+        ]
         return [
             *proxied,
             web.get("/v1/models", self.models),
@@ -223,15 +220,6 @@ class Gateway:
             web.post("/admin/reload", self.admin_reload),
             web.get("/admin/state", self.admin_state),
         ]
-
-    def _proxy(self, spec: RouteSpec) -> Handler:
-        """The handler of a proxied route: the request path with the route's spec."""
-
-        async def handler(request: web.Request) -> web.StreamResponse:
-            return await self.path.serve(request, spec)
-
-        handler.__name__ = f"proxy_{spec.name}"
-        return handler
 
     async def models(self, request: web.Request) -> web.Response:
         if self._tenant(request) is None:

@@ -95,6 +95,11 @@ class BackendHandle:
     # Headers for its /v1 routes: the backend's own key, if it has one (set_backends).
     auth_headers: dict[str, str] = field(default_factory=dict)
     post_headers: dict[str, str] = field(default_factory=lambda: dict(POST_HEADERS))
+    # its URL without a trailing slash, kept with the spec (read on every request)
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self.url = self.spec.url.rstrip("/")
 
     @classmethod
     def create(cls, spec: Backend, on_breaker: Callable[[str, str], None]) -> BackendHandle:
@@ -111,10 +116,6 @@ class BackendHandle:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def url(self) -> str:
-        return self.spec.url.rstrip("/")
 
 
 class BackendPool:
@@ -150,6 +151,7 @@ class BackendPool:
         for b in backends:
             h = self.backends[b.name]
             h.spec = b
+            h.url = b.url.rstrip("/")
             h.auth_headers = b.auth_headers()
             h.post_headers = {**POST_HEADERS, **h.auth_headers}
             if b.models:

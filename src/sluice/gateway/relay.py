@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -66,29 +66,25 @@ class Relay:
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
         backend = ctx.backend
         route = ctx.route
-        url = backend.url + (route.upstream_path or ctx.request.raw_path)
         # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
         headers = {**backend.post_headers, "X-Request-Id": ctx.request_id}
-        client = ctx.request.headers
-        if (trace := client.get("traceparent")) is not None:
+        if (trace := ctx.request.headers.get("traceparent")) is not None:
             # W3C trace context: vLLM's spans (with --otlp-traces-endpoint) join the
             # client's trace
             headers["traceparent"] = trace
-            if (trace_state := client.get("tracestate")) is not None:
+            if (trace_state := ctx.request.headers.get("tracestate")) is not None:
                 headers["tracestate"] = trace_state
-        if route.forwarded_headers:  # the route's own (anthropic-version, -beta)
-            for name in route.forwarded_headers:
-                if (value := client.get(name)) is not None:
-                    headers[name] = value
-        if route.client_content_type:  # a multipart upload keeps its boundary
-            headers["Content-Type"] = client.get("Content-Type", "")
         deadline = UpstreamDeadline(max(0.001, timeout))
         timed_out = False
         try:
             try:
-                async with self._session.request(
-                    route.method, url, data=ctx.body, headers=headers
-                ) as up:
+                if route.plain_post:  # most routes: POST a JSON body to a fixed path
+                    call = self._session.post(
+                        backend.url + route.upstream_path, data=ctx.body, headers=headers
+                    )
+                else:
+                    call = self._call(ctx, headers)
+                async with call as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
@@ -133,6 +129,19 @@ class Relay:
             )
             result.backend_lost = True
             return result
+
+    def _call(self, ctx: RequestContext, headers: dict[str, str]) -> Any:
+        """The upstream call of a route that is not a plain JSON POST: its own method and
+        path (the request's, query included), its own headers, its own Content-Type."""
+        route = ctx.route
+        client = ctx.request.headers
+        for name in route.forwarded_headers:  # the route's own (anthropic-version, -beta)
+            if (value := client.get(name)) is not None:
+                headers[name] = value
+        if route.client_content_type:  # a multipart upload keeps its boundary
+            headers["Content-Type"] = client.get("Content-Type", "")
+        url = ctx.backend.url + (route.upstream_path or ctx.request.raw_path)
+        return self._session.request(route.method, url, data=ctx.body, headers=headers)
 
     async def _timed_out(self, ctx: RequestContext, state: _StreamState) -> RelayResult:
         self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()

@@ -63,6 +63,10 @@ from sluice.gateway.telemetry import Telemetry
 
 
 class RequestPath:
+    """Built with the gateway (its routes' handlers are `serve` itself); the stages that
+    talk to the backends are added by `connect` when the gateway starts (the backend pool
+    and the relay need the running loop's HTTP session)."""
+
     def __init__(
         self,
         policy: Policy,
@@ -70,8 +74,6 @@ class RequestPath:
         features: Features,
         controller: Controller,
         bridge: DispatchBridge,
-        pool: BackendPool,
-        relay: Relay,
         telemetry: Telemetry,
         clock: Clock,
         quota_gate: SharedQuotaGate | None,
@@ -79,25 +81,31 @@ class RequestPath:
         self.clock = clock
         self.telemetry = telemetry
         self.draining = False
+        self._controller = controller
+        self._bridge = bridge
         refusal = self._refusal = Refusal(telemetry, policy)
         self._authenticate = Authenticate(keyring)
         self._read_body = ReadBody(policy.server)
-        self._parse_body = ParseBody(pool)
         self._feature_breaker = FeatureBreaker(features)
-        self._fallback = Fallback(telemetry, pool, relay)
         self._quota = QuotaTicketStage(quota_gate, refusal) if quota_gate is not None else None
-        self._admission = admission = Admission(bridge, pool, telemetry, clock, refusal)
-        self._forward = Forward(relay, controller, bridge, pool, telemetry, clock)
-        self._bypass = Bypass(pool, relay, refusal)
         self.responses = ResponseStore()
-        self.stored = StoredResponses(self.responses, pool)
         # bound once: the stages as the path calls them
         self.authenticate = self._authenticate.run
         self.read_body = self._read_body.run
-        self.parse_body = self._parse_body.run
         self.feature_breaker = self._feature_breaker.run
-        self.fallback = self._fallback.run
         self.quota = self._quota.run if self._quota is not None else None
+
+    def connect(self, pool: BackendPool, relay: Relay) -> None:
+        """The stages that reach the backends (at the gateway's start)."""
+        clock, telemetry, refusal = self.clock, self.telemetry, self._refusal
+        self._parse_body = ParseBody(pool)
+        self._fallback = Fallback(telemetry, pool, relay)
+        admission = Admission(self._bridge, pool, telemetry, clock, refusal)
+        self._forward = Forward(relay, self._controller, self._bridge, pool, telemetry, clock)
+        self._bypass = Bypass(pool, relay, refusal)
+        self.stored = StoredResponses(self.responses, pool)
+        self.parse_body = self._parse_body.run
+        self.fallback = self._fallback.run
         self.begin = admission.begin
         self.admit = admission.run
         self.retry_after_failure = admission.retry_after_failure
@@ -154,8 +162,9 @@ class RequestPath:
                 if route.stores_responses and result.outcome is Outcome.OK:
                     self.stored.remember(ctx, result)
                 key = ctx.metric_key
-                self.telemetry.outcome(key, outcome)
-                self.telemetry.observe_latency(key, self.clock.now() - ctx.started)
+                telemetry = self.telemetry
+                telemetry.count[key, outcome](1)
+                telemetry.observe_latency[key](self.clock.now() - ctx.started)
                 response = result.response
                 return response
         finally:
@@ -171,6 +180,6 @@ class RequestPath:
             return answer
         result = await self._bypass.forward(ctx)
         key = ctx.metric_key
-        self.telemetry.outcome(key, account(ctx, result))
-        self.telemetry.observe_latency(key, self.clock.now() - ctx.started)
+        self.telemetry.count[key, account(ctx, result)](1)
+        self.telemetry.observe_latency[key](self.clock.now() - ctx.started)
         return result.response

@@ -21,7 +21,7 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -67,16 +67,19 @@ def fast_inc(child: Any) -> Callable[[float], None]:
 MetricKey = tuple[int, str]
 
 
-class _Children(dict[MetricKey, Callable[[float], None]]):
-    """Pre-bound observers, made on first use of a (priority, route)."""
+K = TypeVar("K")
 
-    def __init__(self, make: Callable[[MetricKey], Callable[[float], None]]) -> None:
+
+class _Bound(dict[K, Callable[[float], None]]):
+    """Pre-bound metric updates, made on first use of a key."""
+
+    def __init__(self, make: Callable[[K], Callable[[float], None]]) -> None:
         super().__init__()
         self._make = make
 
-    def __missing__(self, key: MetricKey) -> Callable[[float], None]:
-        observe = self[key] = self._make(key)
-        return observe
+    def __missing__(self, key: K) -> Callable[[float], None]:
+        update = self[key] = self._make(key)
+        return update
 
 
 def multiprocess_dir() -> str | None:
@@ -211,34 +214,24 @@ class Telemetry:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        # Children bound per (priority, route): the request path's `ctx.metric_key`.
-        self._ttft = _Children(lambda k: fast_observe(self.ttft.labels(str(k[0]), k[1])))
-        self._latency = _Children(lambda k: fast_observe(self.latency.labels(str(k[0]), k[1])))
-        self._queue_wait = _Children(
+        # The request path's updates, bound per (priority, route) (its `ctx.metric_key`)
+        # on first use and indexed directly, no method call between (the request path's
+        # hottest calls): `count[key, outcome](1)`, `observe_latency[key](seconds)`.
+        self.count: _Bound[tuple[MetricKey, str]] = _Bound(
+            lambda k: fast_inc(self.requests.labels(str(k[0][0]), k[0][1], k[1]))
+        )
+        self.observe_ttft: _Bound[MetricKey] = _Bound(
+            lambda k: fast_observe(self.ttft.labels(str(k[0]), k[1]))
+        )
+        self.observe_latency: _Bound[MetricKey] = _Bound(
+            lambda k: fast_observe(self.latency.labels(str(k[0]), k[1]))
+        )
+        self.observe_queue_wait: _Bound[MetricKey] = _Bound(
             lambda k: fast_observe(self.queue_wait.labels(str(k[0]), k[1]))
         )
-        self._outcomes: dict[tuple[tuple[int, str], str], Callable[[float], None]] = {}
-
-    def outcome(self, key: MetricKey, outcome: str) -> None:
-        """One answer of the class and route `key` = (priority, route), by outcome."""
-        full = (key, outcome)
-        inc = self._outcomes.get(full)
-        if inc is None:
-            child = self.requests.labels(str(key[0]), key[1], outcome)
-            inc = self._outcomes[full] = fast_inc(child)
-        inc(1)
 
     def rejected(self, key: MetricKey, code: str) -> None:
         self.rejections.labels(str(key[0]), key[1], code).inc()
-
-    def observe_ttft(self, key: MetricKey, seconds: float) -> None:
-        self._ttft[key](seconds)
-
-    def observe_latency(self, key: MetricKey, seconds: float) -> None:
-        self._latency[key](seconds)
-
-    def observe_queue_wait(self, key: MetricKey, seconds: float) -> None:
-        self._queue_wait[key](seconds)
 
     def policy_reloaded(self, ok: bool, _errors: list[str]) -> None:
         self.reloads.labels("ok" if ok else "refused").inc()

@@ -16,7 +16,7 @@ prefill_only the request holds KV for its prompt only and finishes in one step
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -39,16 +39,25 @@ def _count(value: object) -> int | None:
     return value if type(value) is int else None
 
 
-@dataclass(frozen=True, slots=True)
 class UsageShape:
     """The keys of an answer's `usage` object: the prompt's (added up: Anthropic counts
     cached input apart) and the output's (None: the route generates nothing). `nested`:
     where the `usage` object sits when it is not at the top (a Responses stream's
-    `response.completed` event holds it under `response`)."""
+    `response.completed` event holds it under `response`). Made once per route; read on
+    every answer, so its fast path is written out."""
 
-    prompt_keys: tuple[str, ...] = ("prompt_tokens",)
-    completion_key: str | None = "completion_tokens"
-    nested: str | None = None
+    __slots__ = ("completion_key", "extra_prompt_keys", "nested", "prompt_key")
+
+    def __init__(
+        self,
+        prompt_keys: tuple[str, ...] = ("prompt_tokens",),
+        completion_key: str | None = "completion_tokens",
+        nested: str | None = None,
+    ) -> None:
+        self.prompt_key = prompt_keys[0]
+        self.extra_prompt_keys = prompt_keys[1:]
+        self.completion_key = completion_key
+        self.nested = nested
 
     def read(self, data: bytes) -> Usage:
         """The token counts of an answer. Fast path: parse only the last `"usage": {...}`
@@ -64,8 +73,17 @@ class UsageShape:
                 usage = orjson.loads(data[start : end + 1])
             except orjson.JSONDecodeError:
                 usage = None  # nested objects inside usage (token details)
-            if type(usage) is dict and self.prompt_keys[0] in usage:
-                return self._counts(usage)
+            if type(usage) is dict and self.prompt_key in usage:
+                if self.extra_prompt_keys:
+                    return self._counts(usage)
+                # exactly int: not a bool (orjson makes no other int subclass)
+                prompt = usage[self.prompt_key]
+                key = self.completion_key
+                completion = None if key is None else usage.get(key)
+                return (
+                    prompt if type(prompt) is int else None,
+                    completion if type(completion) is int else None,
+                )
         try:
             body = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -76,15 +94,17 @@ class UsageShape:
         return self._counts(usage) if isinstance(usage, dict) else _NO_USAGE
 
     def _counts(self, usage: dict[str, object]) -> Usage:
-        keys = self.prompt_keys
-        prompt = _count(usage.get(keys[0]))
-        if prompt is not None and len(keys) > 1:
-            for key in keys[1:]:
+        prompt = _count(usage.get(self.prompt_key))
+        if prompt is not None:
+            for key in self.extra_prompt_keys:
                 extra = _count(usage.get(key))
                 if extra is not None:
                     prompt += extra
         key = self.completion_key
         return prompt, None if key is None else _count(usage.get(key))
+
+
+OPENAI_USAGE = UsageShape()  # `prompt_tokens`, `completion_tokens`
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +153,7 @@ class RouteSpec:
     upstream_path: str | None
     # (body, the request's headers) -> model, stream, cost; raises BadRequest
     parse: Callable[[bytes, CIMultiDictProxy[str]], ParsedRequest]
-    usage: UsageShape = UsageShape()
+    usage: UsageShape = OPENAI_USAGE
     stream: StreamShape | None = None  # None: never streamed
     errors: ErrorShape = OPENAI
     fallback: StaticFallback | None = None
@@ -148,3 +168,14 @@ class RouteSpec:
     method: str = "POST"
     # the Responses API's stored responses: remembered, found, continued on their backend
     stores_responses: bool = False
+    # POST of a JSON body to a fixed path, no client header passed on: the relay's fast path
+    plain_post: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        plain = (
+            self.method == "POST"
+            and self.upstream_path is not None
+            and not self.forwarded_headers
+            and not self.client_content_type
+        )
+        object.__setattr__(self, "plain_post", plain)

@@ -109,20 +109,21 @@ class Admission:
             ctx.fields["outcome"] = admission.code.value
             return self.refusal.run(ctx, admission.code, admission.retry_after_s)
         decision = admission.assignment or await self.bridge.wait(request_id)
-        ctx.queued_s += decision.queued_s
-        queue_ms = round(ctx.queued_s * 1000)
-        ctx.headers["X-Sluice-Queue-Ms"] = str(queue_ms)
-        ctx.fields["queue_ms"] = round(ctx.queued_s * 1000, 1)
-        self.telemetry.observe_queue_wait(ctx.metric_key, decision.queued_s)
+        waited = decision.queued_s
+        queued_s = ctx.queued_s = ctx.queued_s + waited
+        headers, fields = ctx.headers, ctx.fields
+        headers["X-Sluice-Queue-Ms"] = str(round(queued_s * 1000))
+        fields["queue_ms"] = round(queued_s * 1000, 1)
+        self.telemetry.observe_queue_wait[ctx.metric_key](waited)
         if isinstance(decision, Rejection):
             if ctx.failed is not None:
                 return self._retry_gave_up(ctx)
-            ctx.fields["outcome"] = decision.code.value
+            fields["outcome"] = decision.code.value
             return self.refusal.run(ctx, decision.code, decision.retry_after_s)
-        ctx.headers["X-Sluice-Backend"] = decision.backend
-        ctx.fields.update(backend=decision.backend, attempt=attempt + 1)
-        ctx.fields["outcome"] = "cancelled"  # until the relay says otherwise
-        ctx.backend = self.pool.handle(decision.backend)
+        backend = headers["X-Sluice-Backend"] = decision.backend
+        # the outcome stays "cancelled" until the relay says otherwise
+        fields.update(backend=backend, attempt=attempt + 1, outcome="cancelled")
+        ctx.backend = self.pool.backends[backend]
         return None
 
     def retry_after_failure(self, ctx: RequestContext, result: RelayResult) -> bool:
@@ -131,7 +132,7 @@ class Admission:
         if ctx.attempt + 1 < MAX_ATTEMPTS and (
             ctx.deadline is None or self.clock.now() < ctx.deadline
         ):
-            self.telemetry.outcome(ctx.metric_key, "retried_on_other_backend")
+            self.telemetry.count[ctx.metric_key, "retried_on_other_backend"](1)
             ctx.failed = result
             ctx.attempt += 1
             return True
@@ -144,6 +145,6 @@ class Admission:
         ctx.fields["outcome"] = failed.outcome.value
         if "X-Sluice-Queue-Ms" in ctx.headers:
             failed.response.headers["X-Sluice-Queue-Ms"] = ctx.headers["X-Sluice-Queue-Ms"]
-        self.telemetry.outcome(ctx.metric_key, failed.outcome.value)
-        self.telemetry.observe_latency(ctx.metric_key, self.clock.now() - ctx.started)
+        self.telemetry.count[ctx.metric_key, failed.outcome.value](1)
+        self.telemetry.observe_latency[ctx.metric_key](self.clock.now() - ctx.started)
         return failed.response

@@ -30,7 +30,7 @@ class Fallback:
         feature, parsed = ctx.feature, ctx.parsed
         assert feature is not None and feature.fallback is not None
         self.telemetry.fallbacks.labels(feature.name).inc()
-        self.telemetry.outcome(ctx.metric_key, "fallback")
+        self.telemetry.count[ctx.metric_key, "fallback"](1)
         if feature.fallback.static is not None:
             write = ctx.route.fallback
             if write is None:  # an embedding, a score: no text can stand in for one

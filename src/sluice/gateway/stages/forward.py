@@ -43,12 +43,12 @@ class Forward:
         try:
             # only a stream's first token is seen (relayed whole, an answer has none)
             first_token = self._first_token(ctx) if ctx.stream else no_first_token
-            result = await self.relay.forward(ctx, on_first_token=first_token)
+            result = await self.relay.forward(ctx, first_token)
         except BaseException:
             # The client went away (the handler is cancelled) or something unexpected:
             # the slot comes back either way.
             self.controller.cancel(request_id)
-            self.telemetry.outcome(ctx.metric_key, Outcome.CANCELLED.value)
+            self.telemetry.count[ctx.metric_key, Outcome.CANCELLED.value](1)
             self.bridge.pump()
             raise
         self.controller.on_finish(
@@ -61,6 +61,6 @@ class Forward:
     def _first_token(self, ctx: RequestContext) -> Callable[[], None]:
         def on_first_token() -> None:
             self.controller.on_first_token(ctx.request_id)
-            self.telemetry.observe_ttft(ctx.metric_key, self.clock.now() - ctx.started)
+            self.telemetry.observe_ttft[ctx.metric_key](self.clock.now() - ctx.started)
 
         return on_first_token

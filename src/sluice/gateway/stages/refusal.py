@@ -21,6 +21,6 @@ class Refusal:
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
         self.telemetry.rejected(ctx.metric_key, code.value)
-        self.telemetry.outcome(ctx.metric_key, "rejected")
+        self.telemetry.count[ctx.metric_key, "rejected"](1)
         queue = self.policy.queue(ctx.priority).name
         return ctx.route.errors.reject(code, retry_after_s, queue, ctx.headers)
