@@ -202,7 +202,7 @@ class Gateway:
     def routes(self) -> list[web.RouteDef]:
         # the request path itself is each proxied route's handler, given the route's spec
         proxied = [
-            web.route(method, path, partial(self.path.serve, route=spec))
+            web.route(method, path, partial(self.path.serve, spec))
             for method, path, spec in PROXIED
         ]
         return [

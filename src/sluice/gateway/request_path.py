@@ -118,7 +118,9 @@ class RequestPath:
         self._read_body.server = policy.server
         self._feature_breaker.features = features
 
-    async def serve(self, request: web.Request, route: RouteSpec) -> web.StreamResponse:
+    async def serve(self, route: RouteSpec, request: web.Request) -> web.StreamResponse:
+        """A proxied route's handler: `partial(serve, route)` (the route bound first, so
+        that aiohttp's call adds only the request)."""
         ctx = RequestContext(request, route, self.clock.now())
         # Every way out returns `response` (None while the request goes on): the access
         # record in `finally` sees the answer, or None if the client went away (499).
