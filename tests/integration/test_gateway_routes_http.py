@@ -369,3 +369,54 @@ def test_stored_responses_live_on_the_backend_that_made_them(sim_factory: SimFac
         assert unknown.status_code == 404
     finally:
         gw.stop()
+
+
+FALLBACK_POLICY = """
+tenants:
+  - {name: chat-app, apiKeys: [sk-demo-p0], priority: 0}
+features:
+  - name: summarize
+    core: false
+    fallback: {static: "Summaries are paused for a moment."}
+"""
+
+
+def test_static_fallback_in_each_routes_own_shape(sim_factory: SimFactory) -> None:
+    """A non-core feature whose backends are gone answers from its static text, in the
+    shape each route's SDK parses (stream and not); a route no text can stand in for (an
+    embedding) gets a 503 with Retry-After instead."""
+    import anthropic
+    import openai
+
+    sim = sim_factory("--profile", "tiny")
+    gw = start_gateway([sim.url], FALLBACK_POLICY)
+    feature = {"X-Sluice-Feature": "summarize"}
+    text = "Summaries are paused for a moment."
+    try:
+        sim.kill()  # every backend gone: non-core features are held on their fallback
+        deadline = time.monotonic() + 10
+        while httpx.get(gw.url + "/readyz").status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        oai = openai.OpenAI(
+            base_url=gw.url + "/v1", api_key="sk-demo-p0", max_retries=0, default_headers=feature
+        )
+        answer = oai.responses.create(model=MODEL, input="Summarise this.")
+        assert answer.output_text == text and answer.status == "completed"
+        with oai.responses.stream(model=MODEL, input="Summarise this.") as stream:
+            kinds = [event.type for event in stream]
+            assert stream.get_final_response().output_text == text
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        ant = anthropic.Anthropic(
+            base_url=gw.url, api_key="sk-demo-p0", max_retries=0, default_headers=feature
+        )
+        ask = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]}
+        message = ant.messages.create(**ask)  # type: ignore[arg-type]
+        assert message.content[0].text == text and message.stop_reason == "end_turn"  # type: ignore[union-attr]
+        with ant.messages.stream(**ask) as events:  # type: ignore[arg-type]
+            assert events.get_final_text() == text
+        embed = _post(gw.url + "/v1/embeddings", {"model": MODEL, "input": "x"}, P0 | feature)
+        assert embed.status_code == 503 and embed.json()["error"]["code"] == "feature_degraded"
+        assert int(embed.headers["Retry-After"]) >= 1
+    finally:
+        gw.stop()

@@ -51,10 +51,7 @@ class ErrorShape:
         self, code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
     ) -> web.Response:
         """A refusal by the gateway (429, or 503 when no backend serves the model)."""
-        status = 503 if code is RejectCode.NO_BACKEND else 429
-        hdrs = {**headers, **errors.retry_after_headers(retry_after_s)}
-        message = errors.reject_message(code, queue)
-        return self.response(status, message, code.value, hdrs)
+        return errors.reject_response(code, retry_after_s, queue, headers)
 
     def overloaded(self, message: str, headers: dict[str, str]) -> web.Response:
         """The backend refused the request as overloaded (it answered 429/503)."""
