@@ -92,7 +92,11 @@ EMBED_MODEL = "sluice-tiny-embed"
 @pytest.fixture(scope="session")
 def vllm_pooling() -> Iterator[VllmServer]:
     """A pooling vLLM beside the chat one, for the tests that embed (started on first use:
-    another 65-250 s)."""
+    another 65-250 s). With SLUICE_VLLM_POOLING_URL set, that running one instead."""
+    external = os.environ.get("SLUICE_VLLM_POOLING_URL")
+    if external:
+        yield VllmServer(None, external.rstrip("/"), EMBED_MODEL, Path("/dev/null"))
+        return
     cache = ensure_built()
     log = Path(os.environ.get("SLUICE_VLLM_POOLING_LOG", "/tmp/sluice-test-vllm-pooling.log"))
     server = start_vllm(

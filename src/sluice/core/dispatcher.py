@@ -11,7 +11,10 @@ Rules (docs/overload.md):
     than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
     `aging_every` slots freed under a P0 flood; P2 has no aging (it is shed first).
-  * Within a class, the class queue's deficit round robin picks the request.
+  * Within a class, the class queue's deficit round robin picks the request. When that
+    request cannot be placed (its model's backends are full), the oldest request of
+    another model whose backends have room goes instead (charged to its tenant's round
+    robin credit): an embedding backend with room does not wait behind a full chat one.
   * Backend choice: among healthy backends serving the model with a free slot for the
     class and room in their KV budget, the one with the fewest requests in flight; ties
     go to the fewest estimated tokens in flight, then to the name. A request pinned to a
@@ -221,6 +224,32 @@ class Dispatcher:
             self.assign(rec, b, now)
         return b
 
+    def _another_model(
+        self,
+        q: ClassQueue,
+        head: RequestRecord,
+        full_rights: bool,
+        blocked: set[str],
+        now: float,
+        slack: float,
+    ) -> tuple[RequestRecord, BackendState] | None:
+        """The class's next request waits for its model's backends: the oldest request of
+        another model that may go now (an embedding for the embedding backend while the
+        chat backend is full), so that one model's backlog does not hold up another's
+        free capacity. A pinned head's own model is not blocked: its other requests too."""
+        for model, of_model in q.by_model.items():
+            if (model == head.model and head.pinned is None) or model in blocked:
+                continue
+            for rec in of_model.values():
+                if rec is head:
+                    continue
+                if not q.is_due(rec, now, slack):  # the due ones the next pass drops
+                    b = self.place(rec, full_rights, blocked)
+                    if b is not None:
+                        return rec, b
+                break  # the oldest of its model only (arrival order within a model)
+        return None
+
     def dispatch(
         self,
         queues: Sequence[ClassQueue],
@@ -257,11 +286,18 @@ class Dispatcher:
                 if b is None:
                     # A failed aged turn does not block P0; a pinned request waits for its
                     # own backend, not for its model's capacity: lower classes may use the
-                    # others (its class waits behind it, in order, as for any head).
+                    # others.
                     if not (guard and q is q1) and rec.pinned is None:
                         blocked.add(rec.model)
-                    continue
-                q.pop()
+                    if len(q.by_model) < 2 and rec.pinned is None:
+                        continue
+                    found = self._another_model(q, rec, full, blocked, now, slacks[q.priority])
+                    if found is None:
+                        continue
+                    rec, b = found
+                    q.take(rec)
+                else:
+                    q.pop()
                 self.assign(rec, b, now)
                 placed.append((rec, b))
                 if q is q1 and guard:
