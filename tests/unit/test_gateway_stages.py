@@ -20,12 +20,14 @@ from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
 from sluice.core.types import Outcome
 from sluice.gateway.auth import KeyRing
+from sluice.gateway.backend_pool import ModelLookup
 from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.features import Features
 from sluice.gateway.relay import RelayResult
 from sluice.gateway.request_body import BadRequest
 from sluice.gateway.request_context import RequestContext
 from sluice.gateway.routes import CHAT
+from sluice.gateway.shared_quota import QuotaTicket
 from sluice.gateway.stages.access_record import write_access_record
 from sluice.gateway.stages.account import account
 from sluice.gateway.stages.admission import MAX_ATTEMPTS, Admission, retry_attempt
@@ -174,8 +176,8 @@ class _Pool:
         self.recorded: list[tuple[str, Outcome, bool]] = []
         self.backends = {"b0": self.handle("b0")}
 
-    def serves(self, model: str) -> bool:
-        return model in self.models
+    def lookup(self, model: str) -> ModelLookup:
+        return ModelLookup.SERVED if model in self.models else ModelLookup.ABSENT
 
     def handle(self, name: str) -> Any:
         return type("Handle", (), {"name": name, "url": "http://b", "models": self.models})()
@@ -187,7 +189,7 @@ class _Pool:
 def _parsed(raw: bytes = BODY, headers: dict[str, str] | None = None) -> RequestContext:
     ctx = _identified(headers)
     ctx.raw = raw
-    assert ParseBody(_Pool({"m"})).run(ctx) is None  # type: ignore[arg-type]
+    assert ParseBody(_Pool({"m"}), _refusal()).run(ctx) is None  # type: ignore[arg-type]
     return ctx
 
 
@@ -213,7 +215,7 @@ def test_parse_body_reads_model_stream_cost_and_deadlines() -> None:
 def test_parse_body_refuses(raw: bytes, headers: dict[str, str], status: int, code: str) -> None:
     ctx = _identified(headers)
     ctx.raw = raw
-    response = ParseBody(_Pool({"m"})).run(ctx)  # type: ignore[arg-type]
+    response = ParseBody(_Pool({"m"}), _refusal()).run(ctx)  # type: ignore[arg-type]
     assert response is not None and response.status == status
     assert _error(response)["code"] == (code or "model_not_found")
 
@@ -277,7 +279,7 @@ class _Ticket:
         self.closed = False
         self.used_tokens: tuple[int | None, int | None] | None = None
 
-    def used(self, prompt: int | None, completion: int | None) -> None:
+    def finished(self, outcome: Outcome, prompt: int | None, completion: int | None) -> None:
         self.used_tokens = (prompt, completion)
 
     def close(self) -> None:
@@ -304,23 +306,29 @@ def _refusal() -> Refusal:
 
 async def test_quota_ticket_refuses_a_tenant_over_its_shared_quota() -> None:
     ctx = _parsed()
+    ctx.base_id = "q1"
     gate = _Gate(ok=False)
-    response = await QuotaTicketStage(gate, _refusal()).run(ctx)  # type: ignore[arg-type]
+    controller = Controller(_policy(), MonotonicClock(), ["b0"])
+    response = await QuotaTicketStage(gate, controller, _refusal()).run(ctx)  # type: ignore[arg-type]
     assert response is not None and response.status == 429
     assert response.headers["Retry-After"] == "8"
     assert _error(response)["code"] == "tenant_quota"
     assert ctx.fields["outcome"] == "tenant_quota" and ctx.ticket is None
-    # charged the estimate: prompt plus max_tokens (or 1024 when unset)
-    assert gate.charged == [("chat-app", ctx.parsed.prompt_tokens_est + 1024)]
+    # charged as the core charges its own quotas: prompt plus the expected output (half of
+    # 1024, max_tokens being unset, until an output length is learned)
+    assert gate.charged == [("chat-app", ctx.parsed.prompt_tokens_est + 512)]
 
 
 async def test_quota_ticket_is_kept_for_the_way_out() -> None:
     ctx = _parsed()
-    assert await QuotaTicketStage(_Gate(ok=True), _refusal()).run(ctx) is None  # type: ignore[arg-type]
+    controller = Controller(_policy(), MonotonicClock(), ["b0"])
+    stage = QuotaTicketStage(_Gate(ok=True), controller, _refusal())  # type: ignore[arg-type]
+    assert await stage.run(ctx) is None
     assert ctx.ticket is not None
     unlimited = _parsed()
     gate = _Gate(ok=True, limited=False)
-    assert await QuotaTicketStage(gate, _refusal()).run(unlimited) is None  # type: ignore[arg-type]
+    stage = QuotaTicketStage(gate, controller, _refusal())  # type: ignore[arg-type]
+    assert await stage.run(unlimited) is None
     assert unlimited.ticket is None and gate.charged == []
 
 
@@ -446,6 +454,33 @@ async def test_forward_gives_the_slot_back_when_the_client_goes_away() -> None:
     assert controller.backend_of(ctx.request_id) is None and pool.recorded == []
     next_one = _begun(admission)
     assert await admission.run(next_one) is None  # the slot came back
+
+
+class _Finishes:
+    """A shared-quota gate that records what tickets give back: (tenant, requests, tokens)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def finish(self, tenant: str, slots: int, tokens: int) -> None:
+        self.calls.append((tenant, slots, tokens))
+
+
+async def test_forward_charges_a_hang_up_at_the_backend_to_the_shared_quota() -> None:
+    """A request that reached its backend and whose client then went away has used the
+    GPU: its ticket keeps the charge (a refused one would give it all back)."""
+    forward, admission, _controller, _pool = _forward(_Relay(asyncio.CancelledError()))
+    ctx = _begun(admission)
+    await admission.run(ctx)
+    gate = _Finishes()
+    ctx.ticket = QuotaTicket(gate, "chat-app", 600, ok=True, shared=True)  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await forward.run(ctx)
+    ctx.ticket.close()
+    assert gate.calls == [("chat-app", 0, 0)]  # the estimate kept: nothing given back
+    refused = QuotaTicket(gate, "chat-app", 600, ok=True, shared=True)  # type: ignore[arg-type]
+    refused.close()  # never reached a backend
+    assert gate.calls[-1] == ("chat-app", 1, 600)
 
 
 def test_account_feeds_the_ticket_the_breaker_and_the_record() -> None:

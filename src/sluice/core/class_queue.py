@@ -12,6 +12,9 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
   * per model, its requests in arrival order: when the class's next request waits for
     its model's backends, the oldest request of another model, whose backends have room,
     may go first (the dispatcher's `_another_model`), rather than wait behind it.
+  * `parked`: requests taken out of the round robin (a large request that has held the
+    others back as long as it may, see the dispatcher): still queued, in `by_arrival`,
+    tried before the round robin's next request but never holding it back.
 
 The drop rules themselves are in `drop_policy`; this class finds what is due given the
 slack the policy asks for.
@@ -47,6 +50,7 @@ class ClassQueue:
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
         self.by_model: dict[str, OrderedDict[str, RequestRecord]] = {}
+        self.parked: OrderedDict[str, RequestRecord] = OrderedDict()
 
     @property
     def priority(self) -> int:
@@ -68,7 +72,10 @@ class ClassQueue:
         return 0.0 if rec is None else now - rec.enqueued_at
 
     def tenant_depths(self) -> dict[str, int]:
-        return {name: len(t.items) for name, t in self._tenants.items() if t.items}
+        depths = {name: len(t.items) for name, t in self._tenants.items() if t.items}
+        for rec in self.parked.values():
+            depths[rec.tenant] = depths.get(rec.tenant, 0) + 1
+        return depths
 
     # -- add / remove ------------------------------------------------------------------
 
@@ -97,17 +104,26 @@ class ClassQueue:
         """Take a request out wherever it is (client gone, dropped). O(1)."""
         rec = self.by_arrival.pop(request_id, None)
         if rec is not None:
-            t = self._tenants[rec.tenant]
-            del t.items[request_id]
+            if not (self.parked and self.parked.pop(request_id, None) is not None):
+                t = self._tenants[rec.tenant]
+                del t.items[request_id]
+                if not t.items:
+                    t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
             of_model = self.by_model[rec.model]
             del of_model[request_id]
             if not of_model:
                 del self.by_model[rec.model]
-            if not t.items:
-                t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
             if not self.by_arrival:
                 self._deadlines.clear()  # all stale: lazy deletion must not pile them up
         return rec
+
+    def park(self, rec: RequestRecord) -> None:
+        """Take a queued request out of the round robin; it stays queued (`parked`)."""
+        t = self._tenants[rec.tenant]
+        del t.items[rec.request_id]
+        if not t.items:
+            t.deficit = 0.0
+        self.parked[rec.request_id] = rec
 
     # -- deficit round robin -----------------------------------------------------------
 
@@ -149,8 +165,8 @@ class ClassQueue:
         """Take `rec` out of its turn (another model's request that may go first): its
         tenant is charged its cost as if DRR had served it, so it waits the longer for its
         next turn."""
-        t = self._tenants[rec.tenant]
-        t.deficit -= rec.cost
+        if rec.request_id not in self.parked:
+            self._tenants[rec.tenant].deficit -= rec.cost
         self.remove(rec.request_id)
 
     # -- deadlines ---------------------------------------------------------------------

@@ -37,11 +37,12 @@ from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
 from sluice.core.limiters import Limiter, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
-from sluice.core.quota import InProcessQuotas, TenantQuotas
+from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
 from sluice.core.retry_after import DrainEstimator, refusal_excess
 from sluice.core.token_cost import TokenCostModel
 from sluice.core.types import (
+    SIGNALS,
     Admission,
     Assignment,
     BackendMetrics,
@@ -165,6 +166,7 @@ class Controller:
             reserved_p0=policy.dispatcher.reserved.p0,
             aging_after_s=policy.dispatcher.aging_after,
             aging_every=aging_every,
+            hold_for_large_s=policy.dispatcher.hold_for_large,
         )
         self._records: dict[str, RequestRecord] = {}
         self._thresholds = class_thresholds(policy)
@@ -241,6 +243,8 @@ class Controller:
             return
         b.last_metrics = m
         b.metrics_fresh = True
+        if m.num_gpu_blocks and m.block_size:
+            b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
         # what is ours in the scrape's KV usage (the rest is other replicas')
         if hasattr(b.limiter, "own_kv_tokens"):
             b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
@@ -288,15 +292,11 @@ class Controller:
             return self._refuse(counters, RejectCode.NO_BACKEND, self._no_backend_retry_s)
 
         cost = self._cost
-        prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
-        if req.prefill_only:
-            expected_out = 0.0  # it generates nothing: KV for its prompt only
-        else:
-            expected_out = cost.expected_output(req.tenant, req.model, req.max_tokens)
-            if req.sequences > 1:
-                expected_out *= req.sequences
-        footprint = max(1, int(prompt + expected_out + 0.999999))
-        quota = self._quotas.acquire(req.tenant, footprint, now)
+        prompt, expected_out, footprint = self._estimate(req)
+        if self._dispatcher.never_fits(req.model, prompt):
+            return self._refuse(counters, RejectCode.TOO_LARGE, 0.0)
+        charge = self._quotas.charge_for(req.tenant, footprint)
+        quota = self._quotas.acquire(req.tenant, charge, now)
         if not quota.ok:
             retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
             return self._refuse(counters, RejectCode.TENANT_QUOTA, retry)
@@ -326,7 +326,7 @@ class Controller:
                 patience_s=patience,
             )
         if code is not None:
-            self._quotas.refund(req.tenant, footprint, now)
+            self._quotas.refund(req.tenant, charge, now)
             return self._refuse(counters, code, self._retry_after(prio, now, code, patience))
 
         self._seq += 1
@@ -338,6 +338,7 @@ class Controller:
             expected_output=expected_out,
             cost=footprint,
         )
+        rec.quota_tokens = charge
         self._records[rid] = rec
         counters.admitted += 1
         cost.note_admitted(req.model, footprint)
@@ -360,6 +361,23 @@ class Controller:
                 return _QUEUED
         q.push(rec)
         return _QUEUED
+
+    def _estimate(self, req: RequestInfo) -> tuple[float, float, int]:
+        """(corrected prompt, expected output of all its sequences, KV footprint)."""
+        cost = self._cost
+        prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
+        if req.prefill_only:
+            expected_out = 0.0  # it generates nothing: KV for its prompt only
+        else:
+            expected_out = max(1, req.sequences) * cost.expected_output(
+                req.tenant, req.model, req.max_tokens
+            )
+        return prompt, expected_out, max(1, int(prompt + expected_out + 0.999999))
+
+    def cost_of(self, req: RequestInfo) -> int:
+        """The request's estimated cost in tokens, as `arrive` would charge the tenant's
+        token quota (a shared quota store is charged the same, before `arrive`)."""
+        return self._estimate(req)[2]
 
     def _refuse(self, counters: ClassCounters, code: RejectCode, retry_s: float) -> Admission:
         _bump(counters.rejected, code.value)
@@ -503,6 +521,9 @@ class Controller:
         alarm = self._next_alarm()
         if alarm is not None and (at is None or alarm < at):
             at = alarm
+        hold = self._dispatcher.hold_ends_at
+        if hold is not None and (at is None or hold < at):
+            at = hold  # a large request stops holding the others back then
         return at
 
     def _next_alarm(self) -> float | None:
@@ -628,13 +649,17 @@ class Controller:
         info = rec.info
         if outcome is Outcome.OK:
             # a prefill-only request teaches the prompt ratio, never an output length
-            learned = None if info.prefill_only else completion_tokens
-            if learned is not None and info.sequences > 1:
-                learned = round(learned / info.sequences)  # per sequence, as it is costed
-            self._cost.observe(rec.tenant, rec.model, info.prompt_tokens, prompt_tokens, learned)
-        if prompt_tokens is not None or completion_tokens is not None:
-            used = (prompt_tokens or 0) + (completion_tokens or 0)
-            self._quotas.settle(rec.tenant, used - rec.quota_tokens, now)
+            self._cost.observe(
+                rec.tenant,
+                rec.model,
+                info.prompt_tokens,
+                prompt_tokens,
+                None if info.prefill_only else completion_tokens,
+                info.sequences,
+            )
+        delta = settlement(rec.quota_tokens, outcome, prompt_tokens, completion_tokens)
+        if delta:
+            self._quotas.settle(rec.tenant, delta, now)
         self._quotas.release(rec.tenant, now)
         if outcome is Outcome.CANCELLED:
             self._dispatcher.refresh(b)
@@ -724,6 +749,7 @@ class Controller:
                 "waiting": None if m is None else m.waiting,
                 "metrics_fresh": b.metrics_fresh,
                 "models": sorted(b.models),
+                **_signals(b.last_metrics),
             }
             describe = getattr(b.limiter, "describe", None)
             if describe is not None:
@@ -753,6 +779,7 @@ class Controller:
         self._drain.max_s = policy.pressure.max_retry_after
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
+        d.hold_for_large_s = policy.dispatcher.hold_for_large
         d.set_reserved(policy.dispatcher.reserved.p0)
         for b in d.backends.values():
             if hasattr(b.limiter, "usable_share"):
@@ -767,3 +794,12 @@ class Controller:
                         b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
+
+
+def _signals(m: BackendMetrics | None) -> dict[str, Any]:
+    """The engine behind a backend and which of its signals the limiter has (from the last
+    scrape that said so, fresh or not: what an engine exports does not change when one
+    scrape fails)."""
+    if m is None or m.signals is None:
+        return {"engine": None if m is None else m.engine, "signals": None}
+    return {"engine": m.engine, "signals": {s: s in m.signals for s in SIGNALS}}

@@ -28,6 +28,7 @@ class RequestRecord:
         "enqueued_at",
         "expected_output",
         "first_token_at",
+        "held_since",
         "inflight_at_send",
         "info",
         "model",
@@ -75,3 +76,5 @@ class RequestRecord:
         # prompt tokens of the requests on its backend still waiting for their first token
         # when this one was sent: the prefill work ahead of it
         self.prefill_ahead = 0.0
+        # when, at the head of its class, it first waited for a backend to empty for it
+        self.held_since: float | None = None

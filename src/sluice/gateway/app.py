@@ -19,15 +19,15 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sluice.config import Backend, Policy
+from sluice.config import Backend, Policy, policy_secrets
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
 from sluice.gateway.auth import KeyRing
 from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
-from sluice.gateway.errors import error_response
+from sluice.gateway.errors import error_response, error_shape_middleware
 from sluice.gateway.features import Features
-from sluice.gateway.logs import ACCESS_LOG
+from sluice.gateway.logs import ACCESS_LOG, REDACTOR
 from sluice.gateway.lora_admin import lora_call
 from sluice.gateway.model_catalog import model_cards, model_list
 from sluice.gateway.policy_watch import PolicyWatcher
@@ -80,9 +80,12 @@ class Gateway:
             quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
         )
         self.keyring = KeyRing(policy)
+        REDACTOR.set_secrets(policy_secrets(policy))
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
-        self.features = Features(policy, self.clock, self.telemetry.breaker_changed)
+        self.features = Features(
+            policy, self.clock, self.telemetry.breaker_changed, self.telemetry.breaker_removed
+        )
         self.session: aiohttp.ClientSession | None = None
         self.pool: BackendPool | None = None
         self.relay: Relay | None = None
@@ -129,7 +132,12 @@ class Gateway:
             on_capacity=lambda fraction: self.features.set_healthy_fraction(fraction),
             on_breaker=self.telemetry.breaker_changed,
         )
-        self.relay = Relay(self.session, self.telemetry, self.policy.server.upstream_timeout)
+        self.relay = Relay(
+            self.session,
+            self.telemetry,
+            self.policy.server.upstream_timeout,
+            self.policy.expose.error_details,
+        )
         self.path.connect(self.pool, self.relay)
         await self.pool.start()
         if self.quota_gate is not None:
@@ -138,7 +146,10 @@ class Gateway:
         self._flusher = asyncio.create_task(self._flush_access_log(), name="access-log")
         if self.policy_path is not None:
             self.watcher = PolicyWatcher(
-                self.policy_path, self.apply_policy, self.telemetry.policy_reloaded
+                self.policy_path,
+                self.apply_policy,
+                self.telemetry.policy_reloaded,
+                current=lambda: self.policy,
             )
             self.watcher.start()
         # Everything loaded so far lives as long as the process: keep it out of the
@@ -151,16 +162,19 @@ class Gateway:
         once; queued and in-flight requests carry on."""
         if self._backends_override:
             policy = policy.model_copy(update={"backends": self._backends_override})
+        keyring = KeyRing(policy)  # what can fail comes before anything changes
+        REDACTOR.set_secrets(policy_secrets(policy))
         self.policy = policy
         self.controller.apply_policy(policy)
-        self.keyring = KeyRing(policy)
-        self.features = Features(policy, self.clock, self.telemetry.breaker_changed)
+        self.keyring = keyring
+        self.features.apply(policy)  # breakers keep their state
         if self.pool is not None:
             self.pool.set_backends(list(policy.backends))
             self.pool.set_scraper(policy.scraper)
             self.features.set_healthy_fraction(self.pool.healthy_fraction())
         if self.relay is not None:
             self.relay.default_timeout = policy.server.upstream_timeout
+            self.relay.error_details = policy.expose.error_details
         self.path.apply_policy(policy, self.keyring, self.features)
         self.bridge.pump()
 
@@ -213,6 +227,7 @@ class Gateway:
             web.post("/v1/unload_lora_adapter", self.unload_lora_adapter),
             web.get("/v1/realtime", self.realtime),
             web.get("/metrics", self.metrics),
+            web.get("/health", self.health),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/dashboard", self.dashboard),
@@ -268,6 +283,17 @@ class Gateway:
             body=self.telemetry.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
+    async def health(self, _request: web.Request) -> web.Response:
+        """As the engines' own /health (vLLM, SGLang, TGI): 200 with an empty body while
+        the gateway can serve (a healthy backend, not shutting down), else 503; load
+        tools (guidellm) check it before a run."""
+        assert self.pool is not None
+        if self.draining or not any(h.healthy for h in self.pool.backends.values()):
+            return error_response(
+                503, "No healthy backend, or shutting down.", "unavailable", {"Retry-After": "1"}
+            )
+        return web.Response(status=200)
+
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
@@ -283,12 +309,18 @@ class Gateway:
             STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-cache"}
         )
 
-    async def dashboard_state(self, _request: web.Request) -> web.Response:
+    async def dashboard_state(self, request: web.Request) -> web.Response:
         """What the dashboard draws: the controller's snapshot plus cumulative counters
-        (the page turns them into rates from one poll to the next)."""
+        (the page turns them into rates from one poll to the next). Without the admin key
+        it names no tenant and no backend unless `expose.dashboard` is `full`."""
+        snapshot = self.controller.snapshot()
+        full = self.policy.expose.dashboard == "full"
+        if not full:
+            key = KeyRing.bearer(request.headers.get("Authorization"))
+            full = key is not None and self.keyring.is_admin(key)
         body = {
             "t": self.clock.now(),
-            "controller": self.controller.snapshot(),
+            "controller": snapshot if full else anonymous_snapshot(snapshot),
             "counters": self.telemetry.counters(),
         }
         return web.Response(
@@ -332,6 +364,10 @@ class Gateway:
                 "models": sorted(h.models),
                 "metrics_fresh": h.metrics_ok,
                 "breaker": h.breaker.state.value,
+                # the adapter reading its metrics (None: not recognised yet), and the
+                # policy's `engine:`; which signals it has: controller.backends[name]
+                "engine": h.engine.adapter.name if h.engine.adapter is not None else None,
+                "engine_pinned": h.engine.pinned,
             }
             for h in self.pool.backends.values()
         }
@@ -356,13 +392,31 @@ class Gateway:
         return self.keyring.tenant_for(key) if key else None
 
 
+def anonymous_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The controller's snapshot for a client without the admin key: no tenant names
+    (their queue depths become a count of tenants queued), backends as "backend 1".."n"
+    without their models."""
+    classes = {}
+    for name, c in snapshot["classes"].items():
+        c = dict(c)
+        c["tenants_queued"] = {"tenants": len(c.get("tenants_queued") or {})}
+        classes[name] = c
+    backends = {}
+    for i, b in enumerate(snapshot["backends"].values(), 1):
+        backends[f"backend {i}"] = {k: v for k, v in b.items() if k not in ("models", "limiter")}
+    return {**snapshot, "classes": classes, "backends": backends}
+
+
 def create_app(
     policy: Policy,
     policy_path: str | None = None,
     backends_override: tuple[Backend, ...] | None = None,
 ) -> web.Application:
     gateway = Gateway(policy, policy_path, backends_override)
-    app = web.Application(client_max_size=policy.server.max_body_bytes)
+    # every error in OpenAI's shape, the router's 404 and 405 included (errors.py)
+    app = web.Application(
+        client_max_size=policy.server.max_body_bytes, middlewares=[error_shape_middleware]
+    )
     app[GATEWAY_KEY] = gateway
     app.add_routes(gateway.routes())
     app.on_startup.append(gateway.start)

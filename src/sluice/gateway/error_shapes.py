@@ -103,6 +103,8 @@ class AnthropicErrors(ErrorShape):
     def reject(
         self, code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
     ) -> web.Response:
+        if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
+            return self.response(400, errors.reject_message(code, queue), code.value, headers)
         status = 429 if code is RejectCode.TENANT_QUOTA else OVERLOADED
         hdrs = {**headers, **errors.retry_after_headers(retry_after_s)}
         return self.response(status, errors.reject_message(code, queue), code.value, hdrs)
@@ -118,3 +120,13 @@ class AnthropicErrors(ErrorShape):
 OPENAI = ErrorShape()
 OPENAI_RESPONSES = OpenAIResponsesErrors()
 ANTHROPIC = AnthropicErrors()
+
+
+def shape_for_path(path: str) -> ErrorShape:
+    """The error shape of the route a request path names (for answers written before
+    the path is routed: aiohttp's 404, 405, a body too large, an unexpected failure)."""
+    if path.startswith("/v1/messages"):
+        return ANTHROPIC
+    if path.startswith("/v1/responses"):
+        return OPENAI_RESPONSES
+    return OPENAI

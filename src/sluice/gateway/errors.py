@@ -1,13 +1,27 @@
-"""Answers in OpenAI's error shape: {"error": {"message", "type", "code"}}."""
+"""Answers in OpenAI's error shape: {"error": {"message", "type", "code"}}.
+
+Every error the gateway writes has it: the handlers' own (`error_response`), the
+router's 404 and 405 and anything a handler raises (`error_shape_middleware`), and what
+never reaches the app, the HTTP parser's 400s and the connection limit's 503
+(connections.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 
 from sluice.core.types import RejectCode
+
+if TYPE_CHECKING:
+    from sluice.gateway.error_shapes import ErrorShape
+
+log = logging.getLogger("sluice.gateway")
 
 # OpenAI's `type` for each HTTP status we answer.
 _TYPES = {
@@ -66,6 +80,8 @@ _REJECT_MESSAGES = {
     "pressure; retry after the indicated delay.",
     RejectCode.TENANT_QUOTA: "The tenant's quota is used up; retry after the indicated delay.",
     RejectCode.NO_BACKEND: "No healthy backend serves this model right now; retry shortly.",
+    RejectCode.TOO_LARGE: "The prompt is larger than the KV cache of every backend serving "
+    "this model: it can never be served as it is. Shorten it.",
 }
 
 
@@ -76,6 +92,54 @@ def reject_message(code: RejectCode, queue: str) -> str:
 def reject_response(
     code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
 ) -> web.Response:
+    message = reject_message(code, queue)
+    if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
+        return error_response(400, message, code.value, headers)
     status = 503 if code is RejectCode.NO_BACKEND else 429
     hdrs = {**headers, **retry_after_headers(retry_after_s)}
-    return error_response(status, reject_message(code, queue), code.value, hdrs)
+    return error_response(status, message, code.value, hdrs)
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_shape_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """aiohttp's own error answers (an unknown route, a wrong method, a body too large
+    for client_max_size, ...) and anything a handler raises, in OpenAI's shape. Unknown
+    routes are answered here, never forwarded."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # a redirect is not an error
+        return _http_error(request, exc)
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: nothing to answer
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        shape = _shape_for(request.path)
+        return shape.response(500, "The gateway failed to handle the request.", "internal_error")
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    route = f"{request.method} {request.path}"[:200]
+    if exc.status == 404:
+        message, code = f"Invalid URL ({route}).", "unknown_route"
+    elif exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        message, code = f"Method not allowed ({route}); allowed: {allowed}.", "method_not_allowed"
+    elif exc.status == 413:
+        message, code = "The body is too large.", "body_too_large"
+    else:
+        message, code = exc.reason or f"HTTP {exc.status}", None
+    headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+    return _shape_for(request.path).response(exc.status, message, code, headers)
+
+
+def _shape_for(path: str) -> ErrorShape:
+    """The error shape of the route a path names: Anthropic's on its Messages routes (the
+    anthropic SDK parses only that one), OpenAI's everywhere else."""
+    from sluice.gateway.error_shapes import shape_for_path  # (it builds on this module)
+
+    return shape_for_path(path)

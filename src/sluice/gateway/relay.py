@@ -5,6 +5,16 @@ goes away closes the upstream connection at once, which makes vLLM abort the req
 free its KV-cache blocks. An upstream failure after streaming began ends the stream with an
 error event the client can see, never a silent cut.
 
+Whose fault: only what the backend did or failed to do counts against it (`backend_lost`,
+`Outcome.ERROR`). A client's hang-up, at any point (while its request is sent upstream,
+before the answer's head, between two events, or after `data: [DONE]` before the chunked
+terminator, as httpx and guidellm do), is the client's: every write to the client goes
+through `_client`, which turns a failed write into the client's cancellation
+(or, once the whole answer was written, into nothing: the stream is complete).
+
+What a client is told of a failure names no internals unless `expose.errorDetails` says
+so: the kind of failure, not the backend's host:port nor the HTTP client's own words.
+
 What differs per route comes from its RouteSpec (routes/spec.py): the backend's path and
 method, the client headers passed on, where the answer's usage is (`usage`), how its
 stream is read (`stream`: the usage event, the first-token event, a refusing backend's
@@ -15,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +61,18 @@ class RelayResult:
 
 class Relay:
     def __init__(
-        self, session: aiohttp.ClientSession, telemetry: Telemetry, default_timeout: float
+        self,
+        session: aiohttp.ClientSession,
+        telemetry: Telemetry,
+        default_timeout: float,
+        error_details: bool = False,
     ) -> None:
         self._session = session
         self._telemetry = telemetry
         # server.upstreamTimeout: the cap of a call whose client set no deadline
         self.default_timeout = default_timeout
+        # expose.errorDetails: a client is told which backend failed, and how
+        self.error_details = error_details
 
     async def forward(self, ctx: RequestContext, on_first_token: Callable[[], None]) -> RelayResult:
         timeout = self.default_timeout
@@ -108,8 +124,18 @@ class Relay:
                 return await self._timed_out(ctx, state)
             kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnect"
             self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
+            plain = (
+                "The backend could not be reached."
+                if kind == "connect"
+                else "The backend closed the connection."
+            )
             result = await self._fail(
-                ctx, state, 502, f"The backend failed: {exc}", "upstream_error", Outcome.ERROR
+                ctx,
+                state,
+                502,
+                _detailed(ctx, self.error_details, plain, exc),
+                "upstream_error",
+                Outcome.ERROR,
             )
             result.backend_lost = True
             return result
@@ -123,7 +149,7 @@ class Relay:
                 ctx,
                 state,
                 502,
-                f"The backend's answer broke off: {exc}",
+                _detailed(ctx, self.error_details, "The backend's answer broke off.", exc),
                 "upstream_error",
                 Outcome.ERROR,
             )
@@ -196,7 +222,7 @@ class Relay:
                 if chunk.startswith(shape.refusal_prefix):
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
-                    return _overloaded(ctx, _error_message(chunk))
+                    return _overloaded(ctx, self.error_details, _error_message(chunk))
                 if first_token is None:
                     on_first_token()
                 head = chunk
@@ -208,31 +234,23 @@ class Relay:
                         "Cache-Control": "no-cache",
                     },
                 )
-                await response.prepare(ctx.request)
+                await _client(state, response.prepare(ctx.request))
             if first_token is not None and first_token in chunk:
                 on_first_token()
                 first_token = None
             if shape.usage_marker in chunk:
                 chunk, usage = shape.take_usage(chunk, ctx.route.usage, ctx.strip_usage, usage)
-            try:
-                await response.write(chunk)
-            except ConnectionResetError:
-                state.client_gone = True
-                raise asyncio.CancelledError from None
+            await _client(state, response.write(chunk))
         if response is None:
             raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
         if pending:
-            await self._write(state, pending)
-        await response.write_eof()
+            await _client(state, response.write(pending))
+        # Everything the backend sent has been written: a client that hangs up now (before
+        # the chunked terminator, as httpx and guidellm do after `data: [DONE]`) has its
+        # whole answer. Not a failure of anyone's.
+        with contextlib.suppress(*_CLIENT_GONE):
+            await response.write_eof()
         return RelayResult(response, Outcome.OK, *usage, head=head)
-
-    async def _write(self, state: _StreamState, data: bytes) -> None:
-        assert state.response is not None
-        try:
-            await state.response.write(data)
-        except ConnectionResetError:
-            state.client_gone = True
-            raise asyncio.CancelledError from None
 
     async def _backend_refused(
         self, ctx: RequestContext, up: aiohttp.ClientResponse
@@ -240,14 +258,15 @@ class Relay:
         data = await up.read()
         if up.status in (429, 503):
             self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
-            return _overloaded(ctx, _error_message(data))
+            return _overloaded(ctx, self.error_details, _error_message(data))
         if up.status in (401, 403):
             # The gateway sends no client credentials upstream: the backend refused the
             # gateway's own key (backends[].apiKeyEnv), which no client can fix.
             self._telemetry.upstream_errors.labels(ctx.backend.name, "auth").inc()
             warn_credentials_refused(ctx.backend.name, up.status)
+            which = f"The backend {ctx.backend.name}" if self.error_details else "A backend"
             message = (
-                f"The backend {ctx.backend.name} refused the gateway's credentials "
+                f"{which} refused the gateway's credentials "
                 f"(HTTP {up.status}); its key is set with backends[].apiKeyEnv."
             )
             return RelayResult(
@@ -267,7 +286,10 @@ class Relay:
             )
             return RelayResult(response, Outcome.CLIENT_ERROR)
         self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
-        message = f"The backend answered HTTP {up.status}: {_error_message(data)}"
+        message = f"The backend answered HTTP {up.status}."
+        if self.error_details:
+            message = f"The backend {ctx.backend.name} answered HTTP {up.status}: "
+            message += _error_message(data)
         return RelayResult(
             ctx.route.errors.response(502, message, "upstream_error", ctx.headers),
             Outcome.ERROR,
@@ -292,7 +314,7 @@ class Relay:
             )
         # Streaming already began: end the stream with an error event the client can see.
         event = errors.stream_failure(status, message, code)
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+        with contextlib.suppress(*_CLIENT_GONE, asyncio.CancelledError):
             await state.response.write(event)
             await state.response.write_eof()
         return RelayResult(state.response, outcome)
@@ -306,9 +328,35 @@ class _StreamState:
 
 _WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
 
+# What a write to a client that went away raises: aiohttp's ClientConnectionResetError
+# (a ConnectionResetError) on a closing transport, another ConnectionError or OSError
+# from the socket, RuntimeError for a write after the connection was torn down.
+_CLIENT_GONE = (ConnectionError, OSError, RuntimeError)
 
-def _overloaded(ctx: RequestContext, detail: str) -> RelayResult:
-    message = f"The backend is overloaded ({detail}); retry shortly."
+
+async def _client(state: _StreamState, write: Awaitable[object]) -> None:
+    """A write to the client. If the client went away, that is the client's hang-up:
+    raised as its cancellation (the handler's own, when aiohttp notices first), never as
+    an error that could count against the backend."""
+    try:
+        await write
+    except _CLIENT_GONE:
+        state.client_gone = True
+        raise asyncio.CancelledError from None
+
+
+def _detailed(ctx: RequestContext, details: bool, plain: str, exc: BaseException) -> str:
+    """What the client is told of an upstream failure: the kind only, unless the policy
+    exposes details (backend name, transport error)."""
+    if not details:
+        return plain
+    return f"{plain[:-1]} (backend {ctx.backend.name}: {exc})."
+
+
+def _overloaded(ctx: RequestContext, details: bool, detail: str) -> RelayResult:
+    message = "The backend is overloaded; retry shortly."
+    if details:
+        message = f"The backend {ctx.backend.name} is overloaded ({detail}); retry shortly."
     return RelayResult(
         ctx.route.errors.overloaded(message, ctx.headers), Outcome.OVERLOADED, retryable=True
     )

@@ -83,12 +83,17 @@ class RequestPath:
         self.draining = False
         self._controller = controller
         self._bridge = bridge
+        self._expose_backend = policy.expose.backend_names
         refusal = self._refusal = Refusal(telemetry, policy)
         self._authenticate = Authenticate(keyring)
         self._read_body = ReadBody(policy.server)
         self._feature_breaker = FeatureBreaker(features)
-        self._quota = QuotaTicketStage(quota_gate, refusal) if quota_gate is not None else None
+        self._quota = (
+            QuotaTicketStage(quota_gate, controller, refusal) if quota_gate is not None else None
+        )
         self.responses = ResponseStore()
+        self._admission: Admission | None = None  # the stages `connect` adds
+        self._bypass: Bypass | None = None
         # bound once: the stages as the path calls them
         self.authenticate = self._authenticate.run
         self.read_body = self._read_body.run
@@ -98,11 +103,13 @@ class RequestPath:
     def connect(self, pool: BackendPool, relay: Relay) -> None:
         """The stages that reach the backends (at the gateway's start)."""
         clock, telemetry, refusal = self.clock, self.telemetry, self._refusal
-        self._parse_body = ParseBody(pool)
+        self._parse_body = ParseBody(pool, refusal)
         self._fallback = Fallback(telemetry, pool, relay)
-        admission = Admission(self._bridge, pool, telemetry, clock, refusal)
+        admission = self._admission = Admission(
+            self._bridge, pool, telemetry, clock, refusal, self._expose_backend
+        )
         self._forward = Forward(relay, self._controller, self._bridge, pool, telemetry, clock)
-        self._bypass = Bypass(pool, relay, refusal)
+        self._bypass = Bypass(pool, relay, refusal, self._expose_backend)
         self.stored = StoredResponses(self.responses, pool)
         self.parse_body = self._parse_body.run
         self.fallback = self._fallback.run
@@ -117,6 +124,9 @@ class RequestPath:
         self._authenticate.keyring = keyring
         self._read_body.server = policy.server
         self._feature_breaker.features = features
+        self._expose_backend = policy.expose.backend_names
+        if self._admission is not None and self._bypass is not None:  # connected
+            self._admission.expose_backend = self._bypass.expose_backend = self._expose_backend
 
     async def serve(self, route: RouteSpec, request: web.Request) -> web.StreamResponse:
         """A proxied route's handler: `partial(serve, route)` (the route bound first, so

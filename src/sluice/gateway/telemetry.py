@@ -136,6 +136,19 @@ class Telemetry:
             "server.headerTimeout",
             registry=r,
         )
+        self.malformed = Counter(
+            "sluice_malformed_requests",
+            "Requests the HTTP parser refused (bad request line or header, smuggling), "
+            "answered without reaching a route, by status",
+            ["status"],
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "sluice_connections_refused",
+            "Client connections answered 503 too_many_connections and closed: the process "
+            "held server.maxConnections already",
+            registry=r,
+        )
         self.fallbacks = Counter(
             "sluice_fallbacks",
             "Requests answered with a feature's fallback",
@@ -244,6 +257,14 @@ class Telemetry:
         self.breaker_open.labels(kind, name).set(value)
         self.breaker_transitions.labels(kind, name, state).inc()
 
+    def malformed_request(self, status: int) -> None:
+        self.malformed.labels(str(status)).inc()
+
+    def breaker_removed(self, breaker: str) -> None:
+        """A reload removed the breaker's feature: it refuses nothing any more."""
+        kind, _, name = breaker.partition(":")
+        self.breaker_open.labels(kind, name).set(0.0)
+
     def set_quota_mode(self, mode: str) -> None:
         for m in QUOTA_MODES:
             self.quota_backend.labels(m).set(1 if m == mode else 0)
@@ -332,6 +353,21 @@ PER_BACKEND: dict[str, tuple[str, str, CombineMode]] = {
 }
 
 
+SIGNAL_METRIC = (
+    "sluice_backend_signal",
+    "1 if the backend's engine exports this signal to the limiter, 0 if it lacks it",
+)
+
+
+def _signal_samples(s: dict[str, Any]) -> Iterator[tuple[tuple[str, str, str], float]]:
+    """((backend, engine, signal), 1 or 0) for every backend whose engine is known."""
+    for name, b in s["backends"].items():
+        signals = b.get("signals")
+        if signals:
+            for signal, has in signals.items():
+                yield (name, b.get("engine") or "", signal), 1.0 if has else 0.0
+
+
 class _StateGauges:
     """Multiprocess mode: the state gauges as real gauges, set from the snapshot."""
 
@@ -361,6 +397,12 @@ class _StateGauges:
             key: Gauge(name, doc, ["backend"], registry=registry, multiprocess_mode=mode)
             for key, (name, doc, mode) in PER_BACKEND.items()
         }
+        self.signal = Gauge(
+            *SIGNAL_METRIC,
+            ["backend", "engine", "signal"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self._backends: set[str] = set()
 
     def publish(self) -> None:
@@ -381,6 +423,8 @@ class _StateGauges:
                 value = b.get(key)
                 if value is not None:
                     gauge.labels(name).set(float(value))
+        for labels, value in _signal_samples(s):
+            self.signal.labels(*labels).set(value)
 
 
 class _StateCollector(Collector):
@@ -418,3 +462,7 @@ class _StateCollector(Collector):
                 if value is not None:
                     fam.add_metric([name], float(value))
         yield from families.values()
+        signal = GaugeMetricFamily(*SIGNAL_METRIC, labels=["backend", "engine", "signal"])
+        for labels, value in _signal_samples(s):
+            signal.add_metric(list(labels), value)
+        yield signal

@@ -12,10 +12,10 @@ _BREAKER_FAILURES = (Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED)
 
 def account(ctx: RequestContext, result: RelayResult) -> str:
     """The outcome's name (metrics, access record)."""
+    outcome = result.outcome
     ticket = ctx.ticket
     if ticket is not None:
-        ticket.used(result.prompt_tokens, result.completion_tokens)
-    outcome = result.outcome
+        ticket.finished(outcome, result.prompt_tokens, result.completion_tokens)
     breaker = ctx.breaker
     if breaker is not None:
         if outcome in _BREAKER_FAILURES:

@@ -23,10 +23,11 @@ from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.relay import RelayResult
 from sluice.gateway.request_context import RequestContext
-from sluice.gateway.stages.quota_ticket import DEFAULT_MAX_TOKENS
 from sluice.gateway.stages.refusal import Refusal
 from sluice.gateway.telemetry import Telemetry
 
+# When a request sets no max_tokens, assume this much output for its cost estimate.
+DEFAULT_MAX_TOKENS = 1024
 # Attempts per request when a backend fails before anything reached the client.
 MAX_ATTEMPTS = 2
 # A retry waits for a slot at most this long (the Retry-After of the answer it replaces).
@@ -45,6 +46,28 @@ def retry_attempt(headers: CIMultiDictProxy[str]) -> tuple[int, str] | None:
     return None
 
 
+def request_info(ctx: RequestContext, request_id: str, deadline: float | None) -> RequestInfo:
+    """What the core is told of the request (an attempt of it, with its own id and the
+    time after which it will not wait)."""
+    tenant, parsed = ctx.tenant, ctx.parsed
+    return RequestInfo(
+        request_id=request_id,
+        tenant=tenant.name,
+        priority=ctx.priority,
+        model=parsed.model,
+        prompt_tokens=parsed.prompt_tokens_est,
+        max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
+        sequences=parsed.sequences,
+        weight=tenant.weight,
+        client_deadline=deadline,
+        feature=ctx.feature_name,
+        retry_attempt=ctx.retry_attempt,
+        first_token_visible=ctx.stream,
+        prefill_only=ctx.route.prefill_only,
+        backend=ctx.pinned_backend,
+    )
+
+
 class Admission:
     def __init__(
         self,
@@ -53,8 +76,11 @@ class Admission:
         telemetry: Telemetry,
         clock: Clock,
         refusal: Refusal,
+        expose_backend: bool = True,
     ) -> None:
         self.bridge = bridge
+        # expose.backendNames: the answer names its backend (X-Sluice-Backend)
+        self.expose_backend = expose_backend
         self.pool = pool
         self.telemetry = telemetry
         self.clock = clock
@@ -84,24 +110,7 @@ class Admission:
             patience = self.clock.now() + RETRY_WAIT_S
             if ctx.wait_deadline is not None:
                 patience = min(patience, ctx.wait_deadline)
-        tenant, parsed = ctx.tenant, ctx.parsed
-        info = RequestInfo(
-            request_id=request_id,
-            tenant=tenant.name,
-            priority=ctx.priority,
-            model=parsed.model,
-            prompt_tokens=parsed.prompt_tokens_est,
-            max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
-            sequences=parsed.sequences,
-            weight=tenant.weight,
-            client_deadline=patience,
-            feature=ctx.feature_name,
-            retry_attempt=ctx.retry_attempt,
-            first_token_visible=ctx.stream,
-            prefill_only=ctx.route.prefill_only,
-            backend=ctx.pinned_backend,
-        )
-        admission = self.bridge.arrive(info)
+        admission = self.bridge.arrive(request_info(ctx, request_id, patience))
         if not admission.queued:
             assert admission.code is not None
             if ctx.failed is not None:
@@ -120,7 +129,9 @@ class Admission:
                 return self._retry_gave_up(ctx)
             fields["outcome"] = decision.code.value
             return self.refusal.run(ctx, decision.code, decision.retry_after_s)
-        backend = headers["X-Sluice-Backend"] = decision.backend
+        backend = decision.backend
+        if self.expose_backend:
+            headers["X-Sluice-Backend"] = backend
         # the outcome stays "cancelled" until the relay says otherwise
         fields.update(backend=backend, attempt=attempt + 1, outcome="cancelled")
         ctx.backend = self.pool.backends[backend]

@@ -17,10 +17,13 @@ from sluice.gateway.stages.refusal import Refusal
 
 
 class Bypass:
-    def __init__(self, pool: BackendPool, relay: Relay, refusal: Refusal) -> None:
+    def __init__(
+        self, pool: BackendPool, relay: Relay, refusal: Refusal, expose_backend: bool = True
+    ) -> None:
         self.pool = pool
         self.relay = relay
         self.refusal = refusal
+        self.expose_backend = expose_backend  # expose.backendNames
 
     def place(self, ctx: RequestContext) -> web.Response | None:
         backend = self.pool.pick(ctx.parsed.model)
@@ -33,7 +36,8 @@ class Bypass:
     async def forward(self, ctx: RequestContext) -> RelayResult:
         backend = ctx.backend
         ctx.request_id = ctx.base_id
-        ctx.headers["X-Sluice-Backend"] = backend.name
+        if self.expose_backend:
+            ctx.headers["X-Sluice-Backend"] = backend.name
         ctx.fields["backend"] = backend.name
         ctx.fields["outcome"] = "cancelled"  # until the relay says otherwise
         result = await self.relay.forward(ctx, on_first_token=no_first_token)

@@ -40,6 +40,9 @@ class Forward:
     async def run(self, ctx: RequestContext) -> RelayResult:
         backend = ctx.backend
         request_id = ctx.request_id
+        if ctx.ticket is not None:
+            # it reached a backend: a hang-up from now on is charged (the ticket's rule)
+            ctx.ticket.ran = True
         try:
             # only a stream's first token is seen (relayed whole, an answer has none)
             first_token = self._first_token(ctx) if ctx.stream else no_first_token

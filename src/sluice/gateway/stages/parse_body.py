@@ -7,12 +7,15 @@ from __future__ import annotations
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from sluice.gateway.backend_pool import BackendPool
+from sluice.core.types import RejectCode
+from sluice.gateway.backend_pool import BackendPool, ModelLookup
 from sluice.gateway.request_body import BadRequest, upstream_body
 from sluice.gateway.request_context import RequestContext
+from sluice.gateway.stages.refusal import Refusal
 
 _NEITHER = (None, None)
 _NO_DEADLINE: tuple[float | None, float | None] = (None, None)
+SERVED = ModelLookup.SERVED
 
 
 def client_timeouts(headers: CIMultiDictProxy[str]) -> tuple[float | None, float | None]:
@@ -56,8 +59,9 @@ def _hint(value: str) -> float | None:
 
 
 class ParseBody:
-    def __init__(self, pool: BackendPool) -> None:
+    def __init__(self, pool: BackendPool, refusal: Refusal) -> None:
         self.pool = pool
+        self.refusal = refusal
 
     def run(self, ctx: RequestContext) -> web.Response | None:
         route = ctx.route
@@ -68,8 +72,11 @@ class ParseBody:
         except BadRequest as exc:
             code = getattr(exc, "code", "invalid_request")
             return route.errors.response(400, str(exc), code, ctx.headers)
-        if parsed.model and not self.pool.serves(parsed.model):
-            return ctx.route.errors.response(
+        if parsed.model and (lookup := self.pool.lookup(parsed.model)) is not SERVED:
+            if lookup is ModelLookup.NOT_YET_KNOWN:  # a backend that is down may serve it
+                ctx.fields["outcome"] = RejectCode.NO_BACKEND.value
+                return self.refusal.run(ctx, RejectCode.NO_BACKEND, 2.0)
+            return route.errors.response(
                 404, f"The model `{parsed.model}` does not exist.", "model_not_found", ctx.headers
             )
         ctx.parsed = parsed

@@ -7,27 +7,27 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from sluice.core.controller import Controller
 from sluice.core.types import RejectCode
 from sluice.gateway.request_context import RequestContext
 from sluice.gateway.shared_quota import SharedQuotaGate
+from sluice.gateway.stages.admission import request_info
 from sluice.gateway.stages.refusal import Refusal
-
-# When a request sets no max_tokens, assume this much output for its cost estimate.
-DEFAULT_MAX_TOKENS = 1024
 
 
 class QuotaTicketStage:
-    def __init__(self, gate: SharedQuotaGate, refusal: Refusal) -> None:
+    def __init__(self, gate: SharedQuotaGate, controller: Controller, refusal: Refusal) -> None:
         self.gate = gate
+        self.controller = controller
         self.refusal = refusal
 
     async def run(self, ctx: RequestContext) -> web.Response | None:
-        tenant, parsed = ctx.tenant, ctx.parsed
+        tenant = ctx.tenant
         if not self.gate.limits(tenant.name):
             return None
-        ticket = await self.gate.acquire(
-            tenant.name, parsed.prompt_tokens_est + (parsed.max_tokens or DEFAULT_MAX_TOKENS)
-        )
+        # charged as the core charges the local quotas (one rule: Controller.cost_of)
+        cost = self.controller.cost_of(request_info(ctx, ctx.base_id, None))
+        ticket = await self.gate.acquire(tenant.name, cost)
         if not ticket.ok:
             ctx.fields["outcome"] = RejectCode.TENANT_QUOTA.value
             return self.refusal.run(ctx, RejectCode.TENANT_QUOTA, ticket.retry_after_s)
