@@ -1,12 +1,11 @@
-"""What the routes' parsers share: the body as a JSON object, its model and stream flags,
-and token counts of any input (text at request_body's characters per token, token ids one
-each, images at a floor). The chat and completions parsers are request_body.py's."""
+"""What the routes' parsers share: the model and stream flags, and token counts of any
+input (text at request_body's characters per token, token ids one each, images at a
+floor). The body itself is read by request_body.json_object, and the chat and completions
+parsers are request_body.py's."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import orjson
 
 from sluice.gateway.request_body import (
     _NON_TEXT_PART_TOKENS,
@@ -29,16 +28,6 @@ class Unsupported(BadRequest):
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
 
 
 def model_of(body: dict[str, Any], required: bool = True) -> str:

@@ -23,7 +23,8 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from sluice.gateway.error_shapes import ANTHROPIC
-from sluice.gateway.request_body import BadRequest, ParsedRequest
+from sluice.gateway.fallback import write_events
+from sluice.gateway.request_body import BadRequest, ParsedRequest, json_object
 from sluice.gateway.routes import bodies
 from sluice.gateway.routes.spec import RouteSpec, StreamShape, UsageShape
 
@@ -47,7 +48,7 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def parse_messages(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     return bodies.parsed(
         body,
         bodies.model_of(body),
@@ -58,7 +59,7 @@ def parse_messages(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest
 
 
 def parse_count_tokens(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     if not isinstance(body.get("messages"), list):
         raise BadRequest("'messages' must be a list")
     return bodies.parsed(body, bodies.model_of(body), 0)
@@ -109,13 +110,7 @@ async def messages_fallback(
         b"event: %s\ndata: %s\n\n" % (kind.encode(), orjson.dumps({"type": kind, **payload}))
         for kind, payload in events
     )
-    answer = web.StreamResponse(
-        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await answer.prepare(request)
-    await answer.write(data)
-    await answer.write_eof()
-    return answer
+    return await write_events(request, headers, data)
 
 
 MESSAGES = RouteSpec(

@@ -9,7 +9,7 @@ from typing import Any
 from multidict import CIMultiDictProxy
 
 from sluice.gateway.fallback import static_fallback
-from sluice.gateway.request_body import ParsedRequest, _int_field, parse_request
+from sluice.gateway.request_body import ParsedRequest, _int_field, json_object, parse_request
 from sluice.gateway.routes import bodies
 from sluice.gateway.routes.spec import RouteSpec, StreamShape
 
@@ -31,7 +31,7 @@ def parse_completion(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedReque
 
 def parse_chat_batch(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
     """Each conversation is a sequence of its own: its prompt, and up to max_tokens."""
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     conversations: Any = body.get("messages")
     if not isinstance(conversations, list) or not conversations:
         raise bodies.BadRequest("'messages' must be a non-empty list of conversations")

@@ -17,7 +17,7 @@ from typing import Any
 
 from multidict import CIMultiDictProxy
 
-from sluice.gateway.request_body import BadRequest, ParsedRequest
+from sluice.gateway.request_body import BadRequest, ParsedRequest, json_object
 from sluice.gateway.routes import bodies
 from sluice.gateway.routes.spec import RouteSpec, UsageShape
 
@@ -37,7 +37,7 @@ def _count(value: Any) -> int:
 
 def parse_inputs(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
     """Embeddings, classify, pooling: every input's tokens, one sequence each."""
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     present = [f for f in _EMBED_FIELDS if body.get(f) is not None]
     if not present:
         raise BadRequest("the request has no input ('input', 'messages', 'texts', ...)")
@@ -48,7 +48,7 @@ def parse_inputs(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
 
 def parse_pairs(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
     """Rerank and score: one sequence per (query, document) pair, each with both."""
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     query = next((body[f] for f in _PAIR_QUERIES if body.get(f) is not None), None)
     docs = next((body[f] for f in _PAIR_DOCUMENTS if body.get(f) is not None), None)
     if query is None or docs is None:

@@ -30,7 +30,8 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from sluice.gateway.error_shapes import OPENAI_RESPONSES
-from sluice.gateway.request_body import BadRequest, ParsedRequest, _text_tokens
+from sluice.gateway.fallback import write_events
+from sluice.gateway.request_body import BadRequest, ParsedRequest, _text_tokens, json_object
 from sluice.gateway.routes import bodies
 from sluice.gateway.routes.spec import RouteSpec, StreamShape, UsageShape
 
@@ -41,7 +42,7 @@ RESPONSES_STREAM = StreamShape(
 
 
 def parse_responses(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     if body.get("background") is True:
         raise bodies.Unsupported(
             "Sluice does not queue background responses: a background response would "
@@ -149,13 +150,7 @@ async def responses_fallback(
         % (kind.encode(), orjson.dumps({"type": kind, **payload, "sequence_number": next(seq)}))
         for kind, payload in events
     )
-    answer = web.StreamResponse(
-        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await answer.prepare(request)
-    await answer.write(data)
-    await answer.write_eof()
-    return answer
+    return await write_events(request, headers, data)
 
 
 RESPONSES = RouteSpec(

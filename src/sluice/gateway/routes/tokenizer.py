@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from multidict import CIMultiDictProxy
 
-from sluice.gateway.request_body import ParsedRequest
+from sluice.gateway.request_body import ParsedRequest, json_object
 from sluice.gateway.routes import bodies
 from sluice.gateway.routes.spec import RouteSpec
 
 
 def parse_tokenizer(raw: bytes, _headers: CIMultiDictProxy[str]) -> ParsedRequest:
-    body = bodies.json_object(raw)
+    body = json_object(raw)
     return bodies.parsed(body, bodies.model_of(body, required=False), 0)
 
 
