@@ -26,20 +26,25 @@ from sluice.gateway.features import Features
 from sluice.gateway.relay import RelayResult
 from sluice.gateway.request_body import BadRequest
 from sluice.gateway.request_context import RequestContext
+from sluice.gateway.response_store import ResponseStore
 from sluice.gateway.routes import CHAT
+from sluice.gateway.routes.pooling import EMBEDDINGS
 from sluice.gateway.shared_quota import QuotaTicket
 from sluice.gateway.stages.access_record import write_access_record
 from sluice.gateway.stages.account import account
 from sluice.gateway.stages.admission import MAX_ATTEMPTS, Admission, retry_attempt
 from sluice.gateway.stages.authenticate import Authenticate
+from sluice.gateway.stages.bypass import Bypass
 from sluice.gateway.stages.classify import classify
 from sluice.gateway.stages.draining import shutting_down
+from sluice.gateway.stages.fallback import Fallback
 from sluice.gateway.stages.feature_breaker import FeatureBreaker
 from sluice.gateway.stages.forward import Forward, no_first_token
 from sluice.gateway.stages.parse_body import ParseBody, client_timeouts
 from sluice.gateway.stages.quota_ticket import QuotaTicketStage
 from sluice.gateway.stages.read_body import ReadBody
 from sluice.gateway.stages.refusal import Refusal
+from sluice.gateway.stages.stored_responses import StoredResponses
 from sluice.gateway.telemetry import Telemetry
 
 POLICY = """
@@ -171,16 +176,24 @@ async def test_read_body_gives_up_on_a_body_that_does_not_come() -> None:
 class _Pool:
     """What the stages ask of the backend pool."""
 
-    def __init__(self, models: set[str]) -> None:
+    def __init__(self, models: set[str], not_yet_known: bool = False) -> None:
         self.models = models
+        self.not_yet_known = not_yet_known  # a backend that is down may serve any model
         self.recorded: list[tuple[str, Outcome, bool]] = []
         self.backends = {"b0": self.handle("b0")}
 
     def lookup(self, model: str) -> ModelLookup:
-        return ModelLookup.SERVED if model in self.models else ModelLookup.ABSENT
+        if model in self.models:
+            return ModelLookup.SERVED
+        return ModelLookup.NOT_YET_KNOWN if self.not_yet_known else ModelLookup.ABSENT
 
     def handle(self, name: str) -> Any:
-        return type("Handle", (), {"name": name, "url": "http://b", "models": self.models})()
+        fields = {"name": name, "url": "http://b", "models": self.models, "healthy": True}
+        return type("Handle", (), fields)()
+
+    def pick(self, model: str) -> Any:
+        healthy = [h for h in self.backends.values() if h.healthy and model in h.models]
+        return healthy[0] if healthy else None
 
     def record(self, h: Any, outcome: Outcome, lost: bool) -> None:
         self.recorded.append((h.name, outcome, lost))
@@ -222,6 +235,21 @@ def test_parse_body_refuses(raw: bytes, headers: dict[str, str], status: int, co
 
 def _headers(**values: str) -> CIMultiDictProxy[str]:
     return CIMultiDictProxy(CIMultiDict(values))
+
+
+def test_parse_body_answers_503_for_a_model_whose_backends_are_not_read_yet() -> None:
+    """A model no backend lists while a backend is down may be that backend's: a retryable
+    503 `no_backend`, not the 404 of a model that does not exist."""
+    ctx = _identified()
+    ctx.raw = orjson.dumps({"model": "later", "messages": [{"role": "user", "content": "x"}]})
+    response = ParseBody(_Pool({"m"}, not_yet_known=True), _refusal()).run(ctx)  # type: ignore[arg-type]
+    assert response is not None and response.status == 503
+    assert _error(response)["code"] == "no_backend" and response.headers["Retry-After"] == "2"
+    assert ctx.fields["outcome"] == "no_backend"
+    ctx = _identified()
+    ctx.raw = orjson.dumps({"model": "later", "messages": [{"role": "user", "content": "x"}]})
+    response = ParseBody(_Pool({"m"}), _refusal()).run(ctx)  # type: ignore[arg-type]
+    assert response is not None and response.status == 404
 
 
 def test_client_timeouts_take_the_smallest_applicable() -> None:
@@ -481,6 +509,74 @@ async def test_forward_charges_a_hang_up_at_the_backend_to_the_shared_quota() ->
     refused = QuotaTicket(gate, "chat-app", 600, ok=True, shared=True)  # type: ignore[arg-type]
     refused.close()  # never reached a backend
     assert gate.calls[-1] == ("chat-app", 1, 600)
+
+
+async def test_bypass_goes_to_a_healthy_backend_without_a_slot() -> None:
+    """A route outside the queues: no admission, a healthy backend serving the model, and
+    the backend's health learns from the answer."""
+    pool = _Pool({"m"})
+    result = RelayResult(web.Response(), Outcome.OK)
+    bypass = Bypass(pool, _Relay(result), _refusal(), expose_backend=False)  # type: ignore[arg-type]
+    ctx = _parsed()
+    ctx.base_id = "t1"
+    assert bypass.place(ctx) is None and ctx.backend.name == "b0"
+    assert await bypass.forward(ctx) is result
+    assert ctx.request_id == "t1" and "X-Sluice-Backend" not in ctx.headers
+    assert pool.recorded == [("b0", Outcome.OK, False)]
+    pool.backends["b0"].healthy = False
+    down = _parsed()
+    response = bypass.place(down)
+    assert response is not None and response.status == 503
+    assert _error(response)["code"] == "no_backend"
+
+
+def test_stored_responses_go_to_their_backend_for_their_tenant_only() -> None:
+    store = ResponseStore()
+    pool = _Pool({"m"})
+    pool.backends["b1"] = pool.handle("b1")
+    stored = StoredResponses(store, pool)  # type: ignore[arg-type]
+    made = _parsed()
+    made.backend = pool.backends["b1"]
+    head = b'{"id":"resp_1","object":"response"}'
+    stored.remember(made, RelayResult(web.Response(), Outcome.OK, 30, 12, head=head))
+    assert store.locate("resp_1", "chat-app") is not None
+    # a continuation: pinned to b1, costed with the 42 tokens the stored response holds
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    follow = _parsed(orjson.dumps({**body, "previous_response_id": "resp_1"}))
+    before = follow.parsed.prompt_tokens_est
+    stored.continuation(follow)
+    assert follow.pinned_backend == "b1" and follow.parsed.prompt_tokens_est == before + 42
+    # GET of it: its backend; another tenant's GET: a 404, as if it did not exist
+    get = _parsed()
+    get.request = make_mocked_request("GET", "/v1/responses/resp_1", match_info={})
+    get.request.match_info["response_id"] = "resp_1"  # type: ignore[index]
+    assert stored.locate(get) is None and get.backend.name == "b1"
+    other = _parsed()
+    other.tenant = other.tenant.model_copy(update={"name": "agents"})
+    other.request = get.request
+    response = stored.locate(other)
+    assert response is not None and response.status == 404
+    # an answer with `store: false` is not remembered
+    unstored = _parsed(orjson.dumps({**body, "store": False}))
+    unstored.backend = pool.backends["b0"]
+    head2 = b'{"id":"resp_2"}'
+    stored.remember(unstored, RelayResult(web.Response(), Outcome.OK, head=head2))
+    assert store.locate("resp_2", "chat-app") is None
+
+
+async def test_a_route_without_a_text_fallback_answers_503_while_its_feature_degrades() -> None:
+    """An embedding of a non-core feature whose breaker is open: no text can stand in for
+    a vector, so a retryable 503 `feature_degraded`, never a chat answer."""
+    features = Features(_policy(), MonotonicClock())
+    ctx = _identified({"X-Sluice-Feature": "summarize"})
+    ctx.route = EMBEDDINGS
+    ctx.raw = orjson.dumps({"model": "m", "input": "a river"})
+    assert ParseBody(_Pool({"m"}), _refusal()).run(ctx) is None
+    FeatureBreaker(features).run(ctx)
+    fallback = Fallback(Telemetry(), _Pool({"m"}), _Relay(RuntimeError()))  # type: ignore[arg-type]
+    response = await fallback.run(ctx)
+    assert response.status == 503 and response.headers["Retry-After"] == "5"
+    assert _error(response)["code"] == "feature_degraded"
 
 
 def test_account_feeds_the_ticket_the_breaker_and_the_record() -> None:
