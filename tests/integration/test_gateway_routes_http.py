@@ -324,6 +324,14 @@ async def _until(check: object, within_s: float = 20.0) -> None:
 # --- stored responses ---------------------------------------------------------------------
 
 
+STORE_POLICY = """
+tenants:
+  - {name: chat-app, apiKeys: [sk-demo-p0], priority: 0}
+  - {name: agents, apiKeys: [sk-demo-p1], priority: 1}
+expose: {backendNames: true}  # the test reads X-Sluice-Backend
+"""
+
+
 def test_stored_responses_live_on_the_backend_that_made_them(sim_factory: SimFactory) -> None:
     """Two backends that store responses: each response is fetched, cancelled and
     continued (previous_response_id) on its own backend, and only by its own tenant."""
@@ -331,7 +339,7 @@ def test_stored_responses_live_on_the_backend_that_made_them(sim_factory: SimFac
         sim_factory("--profile", "tiny", "--speed", "4", "--enable-responses-store", "--seed", s)
         for s in ("1", "2")
     ]
-    gw = start_gateway([s.url for s in sims])
+    gw = start_gateway([s.url for s in sims], STORE_POLICY)
     try:
 
         def create(i: int) -> tuple[str, str]:
