@@ -134,10 +134,12 @@ def _p0(results: list[tuple[str, float, Result]], slo_s: float) -> dict[str, Any
     return {
         "offered": len(p0),
         "slo_attainment": round(within / len(p0), 3) if p0 else None,
+        "within_1s": round(sum(1 for t in ttfts if t <= 1.0) / len(p0), 3) if p0 else None,
         "ttft_p50_s": round(ttfts[len(ttfts) // 2], 3) if ttfts else None,
         "ttft_p95_s": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 3)
         if ttfts
         else None,
+        "failed": [f"{r.status} {r.error}" for r in p0 if not r.ok],
     }
 
 
@@ -177,6 +179,9 @@ async def test_a_3x_flood_direct_and_through_sluice(llama: LlamaServer) -> None:
         )
     finally:
         gw.stop()
+    # llama.cpp's HTTP server closes kept-alive connections on its own terms: the gateway
+    # reconnects, it never takes the backend out of service for it
+    lost = [line for line in gw.output if "out of service" in line]
     figures = {
         "capacity_rps": round(capacity, 2),
         "flood_rps": round(rps, 2),
@@ -199,9 +204,14 @@ async def test_a_3x_flood_direct_and_through_sluice(llama: LlamaServer) -> None:
     print("\n" + json.dumps(figures, indent=2))
 
     d, s = figures["direct"], figures["sluice"]
+    assert not lost, lost
     assert d["max_deferred"] >= 2 * SLOTS, f"direct: the flood did not pile up ({figures})"
     assert d["p0"]["slo_attainment"] < 0.5, f"direct: P0 kept its SLO, nothing proven ({figures})"
     assert s["p0"]["slo_attainment"] >= P0_SLO_SHARE, f"through Sluice P0 missed its SLO: {figures}"
+    # Sluice holds its in-flight count at the slots /slots lists: nothing queues inside
+    # llama.cpp, where it would be served first come first served (one may show for a
+    # moment between a stream's last chunk and its slot's release)
+    assert s["max_deferred"] <= 1, f"through Sluice requests queued inside llama.cpp: {figures}"
     ref = s["refusals"]
     first = {c: ref[c]["first_refused_at_s"] for c in ("P0", "P1", "P2")}
     t = {c: float("inf") if v is None else v for c, v in first.items()}

