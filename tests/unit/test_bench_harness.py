@@ -304,3 +304,25 @@ def test_latency_noise_delays_what_the_gateway_and_client_see_not_the_engine() -
     assert parse_jitter("5,120") == Jitter(0.005, 0.12)
     with pytest.raises(ValueError, match="P50_MS,P99_MS"):
         parse_jitter("fast")
+
+
+def test_a_pooling_request_finishes_when_its_prompt_is_computed() -> None:
+    """An embedding through the gateway: no token, its whole time is its TTFT, and the
+    core costs it by its prompt alone."""
+    s = scenario()
+    embedding = req(0, 0.3, prompt=300, out=1)
+    embedding.max_tokens = 1
+    embedding.pooling = True
+    embedding.route = "embeddings"
+    arm = arm_spec("sluice", s, max_limit=TINY.max_num_seqs, static_cap=8)
+    run = run_arm(s, [embedding], arm, TINY)
+    r = run.requests[0]
+    e = Engine(TINY)
+    e.submit(EngineRequest("x", 300, 1, 1, pooling=True), 0.3)
+    done = e.step(0.3).finished[0]
+    assert r.outcome == OK and r.tokens == 0
+    assert r.first_token_at == r.end_at == done.finished
+    assert run.controller_snapshot is not None
+    assert run.controller_snapshot["classes"]["P0"]["finished"] == {"ok": 1}
+    res = arm_results(run, s)
+    assert res["classes"]["P0"]["completed"] == 1 and res["classes"]["P0"]["slo_attainment"] == 1

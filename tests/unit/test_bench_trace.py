@@ -197,6 +197,27 @@ trace: {path: b.csv, classColumn: Model, classValues: {GPT-4: P0, ChatGPT: P2}}
         load_scenario(str(bad))
 
 
+def test_a_trace_scenario_refuses_routes(tmp_path: Path) -> None:
+    """The replay sends every request of a trace to chat: a route mix beside a trace is
+    refused rather than silently ignored."""
+    _write(tmp_path, "b.csv", BURSTGPT_V2)
+    scenario = """
+name: trace-routes
+backends: {count: 1, profile: tiny}
+trace: {path: b.csv}
+routes: {chat: {share: 0.5}, embeddings: {share: 0.5, pooling: true}}
+"""
+    path = _write(tmp_path, "r.yaml", scenario)
+    with pytest.raises(ScenarioError, match="routes: not with a trace"):
+        load_scenario(str(path))
+    plain = _write(
+        tmp_path,
+        "p.yaml",
+        scenario.replace(", embeddings: {share: 0.5, pooling: true}", "").replace("0.5}", "1}"),
+    )
+    assert len(make_plan(load_scenario(str(plain))).workload) == 3
+
+
 def test_bench_refuses_a_bad_trace_with_its_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

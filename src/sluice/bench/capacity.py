@@ -7,6 +7,10 @@ over closed-loop runs of a single engine (keep `c` requests in flight, drawn fro
 mix, for `horizon` s of virtual time; judge the part after `warmup`). Capacity is the
 completed requests per second at that concurrency. A scenario's `rate: 0.7` means 0.7 x
 (capacity x number of backends) for the phase's own mix. docs/bench.md explains why.
+
+With several routes (scenario `routes`), the closed loop draws each request's route by its
+share, and a pooling route's requests (embeddings: prefill-only) are what they are in the
+run: their prompt, no output; the sweet spot and capacity are then those of the whole mix.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sluice.bench.scenario import ResolvedPhase, _LengthDist
+from sluice.bench.scenario import ResolvedPhase, RouteMix, _LengthDist
 from sluice.bench.workload import draw_length
 from sluice.sim.engine import Engine, EngineRequest
 from sluice.sim.profiles import Profile
 
 WARMUP_S = 15.0
 HORIZON_S = 60.0
+
+# A route mix as calibration takes it: (share, pooling, prompt or None for the phase's).
+Routes = tuple[tuple[float, bool, _LengthDist | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +59,38 @@ def closed_loop(
     warmup: float = WARMUP_S,
     horizon: float = HORIZON_S,
     pairs: tuple[tuple[int, int], ...] | None = None,
+    routes: Routes = (),
 ) -> ClosedLoopResult:
     """Keep `concurrency` requests in flight on one engine; measure after `warmup`. The
     requests are drawn from the prompt and output distributions, or from `pairs`
-    ((prompt, output) of a trace, each its own max_tokens)."""
+    ((prompt, output) of a trace, each its own max_tokens); with `routes`, each one's route
+    first (a trace has one route: `pairs` and `routes` do not go together)."""
+    if pairs is not None and routes:
+        raise ValueError("a trace's pairs are calibrated on one route")
     engine = Engine(profile, seed=seed)
     rng = random.Random(f"{seed}/calibration")
+    rng_route = random.Random(f"{seed}/calibration-route")  # drawn only with `routes`
+    shares = [share for share, _, _ in routes]
     max_tokens = min(max_tokens, profile.max_model_len - 1)
 
-    def draw() -> tuple[int, int, int]:
+    def draw() -> tuple[int, int, int, bool]:
+        """(prompt, max_tokens, output, pooling) of the next request."""
+        if routes:
+            _, pooling, own = rng_route.choices(routes, shares)[0]
+            if pooling:
+                dist = own or prompt
+                assert dist is not None
+                return min(draw_length(dist, rng_route), profile.max_model_len), 1, 1, True
+            if own is not None:
+                assert output is not None
+                p = min(draw_length(own, rng_route), profile.max_model_len - max_tokens)
+                return p, max_tokens, min(draw_length(output, rng), max_tokens), False
         if pairs is not None:
             p, o = pairs[rng.randrange(len(pairs))]
-            return p, o, o
+            return p, o, o, False
         assert prompt is not None and output is not None
         p = min(draw_length(prompt, rng), profile.max_model_len - max_tokens)
-        return p, min(draw_length(output, rng), max_tokens), max_tokens
+        return p, max_tokens, min(draw_length(output, rng), max_tokens), False
 
     t = 0.0
     n = 0
@@ -79,8 +103,8 @@ def closed_loop(
     kv_max = 0.0
     while t < horizon:
         while inflight < concurrency:
-            p, o, m = draw()
-            engine.submit(EngineRequest(f"c{n}", max(1, p), m, max(1, o)), t)
+            p, m, o, pooling = draw()
+            engine.submit(EngineRequest(f"c{n}", max(1, p), m, max(1, o), pooling=pooling), t)
             n += 1
             inflight += 1
         result = engine.step(t)
@@ -119,6 +143,7 @@ def _calibrate(
     tpot_slo: float | None,
     seed: int,
     pairs: tuple[tuple[int, int], ...] | None = None,
+    routes: Routes = (),
 ) -> Capacity:
     def ok(r: ClosedLoopResult) -> bool:
         return r.preemptions == 0 and (tpot_slo is None or r.tpot_p95_s <= tpot_slo)
@@ -134,7 +159,9 @@ def _calibrate(
 
     def run(c: int) -> ClosedLoopResult:
         if c not in results:
-            results[c] = closed_loop(profile, prompt, output, max_tokens, c, seed=seed, pairs=pairs)
+            results[c] = closed_loop(
+                profile, prompt, output, max_tokens, c, seed=seed, pairs=pairs, routes=routes
+            )
         return results[c]
 
     lo = 1
@@ -153,10 +180,21 @@ def _calibrate(
 
 
 def calibrate(
-    profile: Profile, phase: ResolvedPhase, tpot_slo: float | None, *, seed: int = 0
+    profile: Profile,
+    phase: ResolvedPhase,
+    tpot_slo: float | None,
+    *,
+    seed: int = 0,
+    routes: dict[str, RouteMix] | None = None,
 ) -> Capacity:
-    """The sweet spot and capacity of one backend for the phase's request mix."""
-    return _calibrate(profile, phase.prompt, phase.output, phase.max_tokens, tpot_slo, seed)
+    """The sweet spot and capacity of one backend for the phase's request mix (over its
+    routes, when there are several or one differs from plain generation)."""
+    mix: Routes = ()
+    if routes and (len(routes) > 1 or any(r.pooling or r.prompt for r in routes.values())):
+        mix = tuple((r.share, r.pooling, r.prompt) for r in routes.values())
+    return _calibrate(
+        profile, phase.prompt, phase.output, phase.max_tokens, tpot_slo, seed, routes=mix
+    )
 
 
 def calibrate_pairs(

@@ -201,6 +201,21 @@ class Phase(_Model):
         return self
 
 
+class RouteMix(_Model):
+    """One route's share of the requests (e.g. chat, responses, messages, embeddings), and
+    how its requests differ: `pooling` ones (embeddings, rerank, score) are prefill-only,
+    generate nothing and finish in the step that computes their prompt; `prompt`, their
+    own prompt lengths (else the phase's)."""
+
+    share: float = Field(gt=0)
+    pooling: bool = False
+    prompt: LengthDist | None = None
+
+
+def _one_route() -> dict[str, RouteMix]:
+    return {"chat": RouteMix(share=1.0)}
+
+
 class BackendEvent(_Model):
     """A backend dies (`fail`: its in-flight requests are cut, connections refused) or
     comes back (`recover`: empty, like a restarted server)."""
@@ -316,6 +331,8 @@ class ScenarioSpec(_Model):
     phases: tuple[Phase, ...] = ()
     trace: TraceSpec | None = None  # replaces `phases`
     events: tuple[BackendEvent, ...] = ()
+    # The routes the requests go to, by share; one route (chat) unless told otherwise.
+    routes: dict[str, RouteMix] = Field(default_factory=_one_route, min_length=1)
     # After the last arrival, let requests finish for at most this long.
     drain: Duration = Field(default=60.0, ge=0)
     real: RealMode = RealMode()
@@ -331,6 +348,9 @@ class ScenarioSpec(_Model):
         if self.trace is not None:
             if self.events:
                 raise ValueError("events: not with a trace (they are placed in phase time)")
+            if self.routes != _one_route():
+                # the replay sends every request of the trace to chat (replay.plan_trace)
+                raise ValueError("routes: not with a trace (its requests are all chat)")
             self.backends.build_profile()
             return self
         first = self.phases[0]

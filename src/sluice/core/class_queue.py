@@ -9,6 +9,9 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
     estimated cost fits in its credit; an emptied tenant loses its credit. The quantum is
     the largest cost seen so far, so a weight-1 tenant is served at least once per turn;
   * a heap of client deadlines (lazy deletion) for requests that carry one;
+  * per model, its requests in arrival order: when the class's next request waits for
+    its model's backends, the oldest request of another model, whose backends have room,
+    may go first (the dispatcher's `_another_model`), rather than wait behind it.
   * `parked`: requests taken out of the round robin (a large request that has held the
     others back as long as it may, see the dispatcher): still queued, in `by_arrival`,
     tried before the round robin's next request but never holding it back.
@@ -46,6 +49,7 @@ class ClassQueue:
         self._active: deque[TenantQueue] = deque()
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
+        self.by_model: dict[str, OrderedDict[str, RequestRecord]] = {}
         self.parked: OrderedDict[str, RequestRecord] = OrderedDict()
 
     @property
@@ -83,6 +87,10 @@ class ClassQueue:
         else:
             t.weight = rec.weight
         t.items[rec.request_id] = rec
+        of_model = self.by_model.get(rec.model)
+        if of_model is None:
+            of_model = self.by_model[rec.model] = OrderedDict()
+        of_model[rec.request_id] = rec
         if not t.active:
             t.active = True
             t.turn = False
@@ -101,6 +109,10 @@ class ClassQueue:
                 del t.items[request_id]
                 if not t.items:
                     t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
+            of_model = self.by_model[rec.model]
+            del of_model[request_id]
+            if not of_model:
+                del self.by_model[rec.model]
             if not self.by_arrival:
                 self._deadlines.clear()  # all stale: lazy deletion must not pile them up
         return rec
@@ -148,6 +160,14 @@ class ClassQueue:
             t.active = False
             t.turn = False
         return rec
+
+    def take(self, rec: RequestRecord) -> None:
+        """Take `rec` out of its turn (another model's request that may go first): its
+        tenant is charged its cost as if DRR had served it, so it waits the longer for its
+        next turn."""
+        if rec.request_id not in self.parked:
+            self._tenants[rec.tenant].deficit -= rec.cost
+        self.remove(rec.request_id)
 
     # -- deadlines ---------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class RequestRecord:
         "inflight_at_send",
         "info",
         "model",
+        "pinned",
         "prefill_ahead",
         "priority",
         "prompt_est",
@@ -59,6 +60,7 @@ class RequestRecord:
         self.priority = info.priority
         self.tenant = info.tenant
         self.model = info.model
+        self.pinned = info.backend  # the backend it must run on, or None
         self.weight = info.weight
         self.deadline = info.client_deadline  # absolute client deadline, or None
         self.seq = seq  # arrival order, a tie-breaker for heaps

@@ -11,11 +11,15 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 
 from sluice.core.types import RejectCode
+
+if TYPE_CHECKING:
+    from sluice.gateway.error_shapes import ErrorShape
 
 log = logging.getLogger("sluice.gateway")
 
@@ -81,10 +85,14 @@ _REJECT_MESSAGES = {
 }
 
 
+def reject_message(code: RejectCode, queue: str) -> str:
+    return _REJECT_MESSAGES[code].format(queue=queue)
+
+
 def reject_response(
     code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
 ) -> web.Response:
-    message = _REJECT_MESSAGES[code].format(queue=queue)
+    message = reject_message(code, queue)
     if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
         return error_response(400, message, code.value, headers)
     status = 503 if code is RejectCode.NO_BACKEND else 429
@@ -110,7 +118,8 @@ async def error_shape_middleware(request: web.Request, handler: _Handler) -> web
         raise  # the client went away: nothing to answer
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
-        return error_response(500, "The gateway failed to handle the request.", "internal_error")
+        shape = _shape_for(request.path)
+        return shape.response(500, "The gateway failed to handle the request.", "internal_error")
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
@@ -125,4 +134,12 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     else:
         message, code = exc.reason or f"HTTP {exc.status}", None
     headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-    return error_response(exc.status, message, code, headers)
+    return _shape_for(request.path).response(exc.status, message, code, headers)
+
+
+def _shape_for(path: str) -> ErrorShape:
+    """The error shape of the route a path names: Anthropic's on its Messages routes (the
+    anthropic SDK parses only that one), OpenAI's everywhere else."""
+    from sluice.gateway.error_shapes import shape_for_path  # (it builds on this module)
+
+    return shape_for_path(path)
