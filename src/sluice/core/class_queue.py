@@ -8,7 +8,10 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
     tenant earns quantum * weight tokens of credit and is served while its head request's
     estimated cost fits in its credit; an emptied tenant loses its credit. The quantum is
     the largest cost seen so far, so a weight-1 tenant is served at least once per turn;
-  * a heap of client deadlines (lazy deletion) for requests that carry one.
+  * a heap of client deadlines (lazy deletion) for requests that carry one;
+  * a returns lane: requests that came back in the return slot a refusal booked for them
+    (`return_slots`), served before the tenants' queues in the order they came back (the
+    promise of the slot: ahead of fresh arrivals of the class).
 
 The drop rules themselves are in `drop_policy`; this class finds what is due given the
 slack the policy asks for.
@@ -43,6 +46,7 @@ class ClassQueue:
         self._active: deque[TenantQueue] = deque()
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
+        self.returns: OrderedDict[str, RequestRecord] = OrderedDict()
 
     @property
     def priority(self) -> int:
@@ -68,8 +72,15 @@ class ClassQueue:
 
     # -- add / remove ------------------------------------------------------------------
 
-    def push(self, rec: RequestRecord) -> None:
+    def push(self, rec: RequestRecord, *, returning: bool = False) -> None:
         self.by_arrival[rec.request_id] = rec
+        if rec.deadline is not None:
+            heapq.heappush(self._deadlines, (rec.deadline, rec.seq, rec.request_id))
+        if rec.cost > self._quantum:
+            self._quantum = float(rec.cost)
+        if returning:
+            self.returns[rec.request_id] = rec
+            return
         t = self._tenants.get(rec.tenant)
         if t is None:
             t = self._tenants[rec.tenant] = TenantQueue(rec.tenant, rec.weight)
@@ -80,14 +91,14 @@ class ClassQueue:
             t.active = True
             t.turn = False
             self._active.append(t)
-        if rec.cost > self._quantum:
-            self._quantum = float(rec.cost)
-        if rec.deadline is not None:
-            heapq.heappush(self._deadlines, (rec.deadline, rec.seq, rec.request_id))
 
     def remove(self, request_id: str) -> RequestRecord | None:
         """Take a request out wherever it is (client gone, dropped). O(1)."""
         rec = self.by_arrival.pop(request_id, None)
+        if rec is not None and self.returns and self.returns.pop(request_id, None) is not None:
+            if not self.by_arrival:
+                self._deadlines.clear()
+            return rec
         if rec is not None:
             t = self._tenants[rec.tenant]
             del t.items[request_id]
@@ -100,7 +111,9 @@ class ClassQueue:
     # -- deficit round robin -----------------------------------------------------------
 
     def peek(self) -> RequestRecord | None:
-        """The request DRR serves next (stable until the queue changes)."""
+        """The request DRR serves next (stable until the queue changes); returns first."""
+        if self.returns:
+            return next(iter(self.returns.values()))
         active = self._active
         while active:
             t = active[0]
@@ -124,6 +137,8 @@ class ClassQueue:
         rec = self.peek()
         if rec is None:
             return None
+        if self.returns:
+            return self.remove(rec.request_id)
         t = self._active[0]
         t.deficit -= rec.cost
         self.remove(rec.request_id)

@@ -36,6 +36,7 @@ class RequestRecord:
         "prompt_est",
         "quota_tokens",
         "request_id",
+        "returning",
         "seq",
         "state",
         "tenant",
@@ -73,3 +74,4 @@ class RequestRecord:
         # prompt tokens of the requests on its backend still waiting for their first token
         # when this one was sent: the prefill work ahead of it
         self.prefill_ahead = 0.0
+        self.returning = False  # it came back in its booked return slot
