@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.bench.returns import CANNOT_SERVE_IN_TIME, note_refusal
 from sluice.bench.scenario import CLASSES, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
@@ -111,14 +112,18 @@ class ReqState:
         "aid",
         "attempt",
         "backend",
+        "booking",
         "end_at",
+        "first_refused_at",
         "first_token_at",
         "gw",
         "last_token_at",
         "outcome",
         "queued_at",
         "ra_attempts",
+        "ra_given",
         "ra_retry",
+        "ra_window",
         "rejections",
         "retried_at",
         "sent_at",
@@ -149,6 +154,12 @@ class ReqState:
         # per retry: (when it comes back, why the attempt before failed, Retry-After given)
         self.retried_at: list[tuple[float, str, float | None]] | None = None
         self.wasted = 0
+        # the booking of the last refusal (sent back with the next attempt) and the window
+        # over which the gateway asked for the return to be spread
+        self.booking: str | None = None
+        self.ra_window = 0.0
+        self.first_refused_at: float | None = None
+        self.ra_given: list[float] = []  # the Retry-After of each refusal (as sent)
 
 
 @dataclass
@@ -181,6 +192,8 @@ class ArmRun:
     wall_s: float = 0.0
     events: int = 0
     controller_snapshot: dict[str, Any] | None = None
+    dispatch_log: list[tuple[float, int]] = field(default_factory=list)  # (time, class)
+    reserved_p0: float = 0.0  # the arm's P0 reservation (for the unused capacity)
 
 
 def plan_retry(
@@ -193,7 +206,14 @@ def plan_retry(
     retry = spec.retry
     if r.attempt + 1 >= retry.max_attempts or (outcome == TIMEOUT and not retry.on_timeout):
         return None
-    delay = retry_delay(spec, r.attempt, retry_after, seed)
+    if (
+        outcome == REJECTED
+        and retry.follow_retry_after
+        and r.rejections
+        and r.rejections[-1] == CANNOT_SERVE_IN_TIME
+    ):
+        return None  # told that no retry would be served before its deadline
+    delay = retry_delay(spec, r.attempt, retry_after, seed, r.ra_window)
     r.ra_retry = (
         outcome == REJECTED
         and retry.follow_retry_after
@@ -305,6 +325,7 @@ class _Run:
         self.t_end = self.duration + scenario.spec.drain
 
         self.preemption_times: list[float] = []
+        self.dispatch_log: list[tuple[float, int]] = []  # (time, class) of every send
         self.preempted_tokens = 0
         self.wasted_after_gone = 0
         self.ra_retries = 0
@@ -447,14 +468,16 @@ class _Run:
             weight=1.0 if single else spec.weight,
             client_deadline=None if spec.deadline is None else t + spec.deadline,
             retry_attempt=r.attempt,
+            booking=r.booking,
         )
+        r.booking = None
         gw = self.next_gw
         self.next_gw = (gw + 1) % self.replicas
         r.gw = gw
         adm = self.ctrls[gw].arrive(info)
         if not adm.queued:
             assert adm.code is not None
-            self._rejected(t, r, adm.code.value, adm.retry_after_s)
+            self._rejected(t, r, adm.code.value, adm.retry_after_s, adm.booking, adm.retry_window_s)
         else:
             r.state = _QUEUED
             r.queued_at = t
@@ -464,8 +487,17 @@ class _Run:
                 self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
         self._pump(t, gw)
 
-    def _rejected(self, t: float, r: ReqState, code: str, retry_after: float | None) -> None:
+    def _rejected(
+        self,
+        t: float,
+        r: ReqState,
+        code: str,
+        retry_after: float | None,
+        booking: str | None = None,
+        window: float = 0.0,
+    ) -> None:
         cls = r.spec.class_name
+        note_refusal(r, t, code, retry_after, booking, window)
         counts = self.rejections[cls]
         counts[code] = counts.get(code, 0) + 1
         self.rejected_total[code] = self.rejected_total.get(code, 0) + 1
@@ -540,7 +572,7 @@ class _Run:
             if r is None or r.state != _QUEUED:
                 continue
             self.queued_by_class[r.spec.priority] -= 1
-            self._rejected(t, r, rej.code.value, rej.retry_after_s)
+            self._rejected(t, r, rej.code.value, rej.retry_after_s, rej.booking, rej.retry_window_s)
         for a in ctrl.dispatch():
             r = self.by_aid.get(a.request_id)
             if r is None or r.state != _QUEUED:
@@ -564,6 +596,7 @@ class _Run:
         spec = r.spec
         r.backend = b
         r.sent_at = t
+        self.dispatch_log.append((t, spec.priority))
         if self.dead[b]:
             # connection refused: the gateway takes the backend out at once
             self.by_aid.pop(r.aid, None)
@@ -858,4 +891,6 @@ def run_arm(
         wall_s=time.perf_counter() - started,
         events=run.events,
         controller_snapshot=run.ctrl.snapshot() if run.ctrl is not None else None,
+        dispatch_log=run.dispatch_log,
+        reserved_p0=0.0 if arm.policy is None else arm.policy.dispatcher.reserved.p0,
     )

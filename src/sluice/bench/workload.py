@@ -193,11 +193,21 @@ def generate(
     return out
 
 
-def retry_delay(req: ClientRequest, attempt: int, retry_after_s: float | None, seed: int) -> float:
+def retry_delay(
+    req: ClientRequest,
+    attempt: int,
+    retry_after_s: float | None,
+    seed: int,
+    window_s: float = 0.0,
+) -> float:
     """How long the client waits before attempt `attempt + 1` after attempt `attempt`
-    (0-based) was refused with the given Retry-After (None: no advice)."""
+    (0-based) was refused with the given Retry-After (None: no advice). A client that
+    jitters (spread > 0) and was given a return window (X-Sluice-Retry-Window-Ms) comes
+    back uniformly within it after the Retry-After, as the SDK does."""
     r = req.retry
     u = unit_hash(seed, req.index, attempt + 1)
     if r.follow_retry_after and retry_after_s is not None and retry_after_s > 0:
+        if window_s > 0 and r.spread > 0:
+            return retry_after_s + window_s * u
         return retry_after_s * (1.0 + r.spread * u)
     return r.backoff * (2.0**attempt) * (1.0 + r.spread * u)
