@@ -9,6 +9,9 @@
 * `sluice`: everything on, the policy's defaults (classes, reservation, drop policies).
 * `oracle`: Sluice's classes and dispatcher with a fixed cap per phase, the best one a
   sweep over caps found for that phase (`bench.runner.oracle_sweep`).
+* `ra-drain`, `ra-60s`, `ra-1s`: `sluice` with another Retry-After rule, to compare with
+  its return slots: the drain-time rule Sluice had before them, always 60 s, always 1 s
+  (`retryAfter.rule: drain | fixed`; no booking, so no returns lane).
 
 Adaptive arms get `limiter.maxLimit` = the engine's `max_num_seqs`: the policy's default of
 256 would hold an H100 below its sweet spot, and a limit above max_num_seqs means nothing.
@@ -22,7 +25,13 @@ from sluice.bench.harness import ArmSpec
 from sluice.bench.scenario import Scenario
 from sluice.config import DEFAULT_QUEUES, Policy
 
-ARMS = ("direct", "static", "fifo", "sluice", "oracle")
+# the Retry-After rules `sluice` is compared with (docs/bench.md, "Refusals and returns")
+RETRY_AFTER_ARMS = {
+    "ra-drain": {"rule": "drain"},
+    "ra-60s": {"rule": "fixed", "fixedSeconds": 60},
+    "ra-1s": {"rule": "fixed", "fixedSeconds": 1},
+}
+ARMS = ("direct", "static", "fifo", "sluice", "oracle", *RETRY_AFTER_ARMS)
 VIRTUAL_ONLY = frozenset({"oracle"})
 
 FIFO_QUEUE_SIZE = sum(q.max_queue_size for q in DEFAULT_QUEUES)
@@ -41,14 +50,20 @@ def _tenants(scenario: Scenario) -> list[dict[str, Any]]:
     ]
 
 
-def sluice_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
+def sluice_policy(
+    scenario: Scenario,
+    max_limit: int,
+    retry_after: dict[str, Any] | None = None,
+    **limiter: Any,
+) -> Policy:
     initial = min(8, max_limit)
-    return Policy.model_validate(
-        {
-            "tenants": _tenants(scenario),
-            "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
-        }
-    )
+    doc: dict[str, Any] = {
+        "tenants": _tenants(scenario),
+        "limiter": {"maxLimit": max_limit, "initialLimit": initial, **limiter},
+    }
+    if retry_after is not None:
+        doc["retryAfter"] = retry_after
+    return Policy.model_validate(doc)
 
 
 def fifo_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
@@ -93,6 +108,8 @@ def arm_spec(
         return ArmSpec("fifo", fifo_policy(scenario, max_limit), True)
     if name == "sluice":
         return ArmSpec("sluice", sluice_policy(scenario, max_limit))
+    if name in RETRY_AFTER_ARMS:
+        return ArmSpec(name, sluice_policy(scenario, max_limit, RETRY_AFTER_ARMS[name]))
     if name == "oracle":
         if oracle_caps is None:
             raise ValueError("the oracle arm needs its caps (run the sweep first)")

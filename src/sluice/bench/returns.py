@@ -174,10 +174,34 @@ def recovery_window(scenario: Scenario) -> tuple[float, float | None]:
     return peak.end, (after[0].end if after else None)
 
 
+SERIES_BIN_S = 0.5  # returns and refusals per bin, for the plots
+MAX_POINTS = 2000  # per class and list, for the plots
+
+
+def _thin(values: list[Any], limit: int = MAX_POINTS) -> list[Any]:
+    if len(values) <= limit:
+        return values
+    step = len(values) / limit
+    return [values[int(i * step)] for i in range(limit)]
+
+
+def _counts(times: list[float], end: float) -> list[int]:
+    out = [0] * (math.floor(end / SERIES_BIN_S) + 1)
+    for t in times:
+        k = math.floor(t / SERIES_BIN_S)
+        if 0 <= k < len(out):
+            out[k] += 1
+    return out
+
+
 def refusal_figures(run: ArmRun, scenario: Scenario) -> dict[str, Any]:
-    """The `returns` entry of an arm in results.json: per class and overall."""
+    """The `returns` entry of an arm in results.json: per class and overall, and what
+    the plots draw (`series`)."""
     classes: dict[str, Any] = {}
     all_returns: list[float] = []
+    series: dict[str, Any] = {"bin_s": SERIES_BIN_S, "returns": {}, "refusals": {}}
+    samples: dict[str, Any] = {}
+    end_t = run.ended_at
     for p, c in enumerate(CLASSES):
         reqs = [r for r in run.requests if r.spec.priority == p]
         refused = [r for r in reqs if r.first_refused_at is not None]
@@ -199,8 +223,25 @@ def refusal_figures(run: ArmRun, scenario: Scenario) -> dict[str, Any]:
         ]
         p50 = _pct(to_served, 0.5)
         h50 = _pct(to_hind, 0.5)
+        came_at: list[float] = []
         for r in refused:
-            all_returns += _returns_at_ra(r)
+            came_at += _returns_at_ra(r)
+        all_returns += came_at
+        series["returns"][c] = _counts(came_at, end_t)
+        series["refusals"][c] = _counts(
+            [r.first_refused_at for r in refused if r.first_refused_at is not None], end_t
+        )
+        samples[c] = {
+            "refusal_to_served_s": _thin(sorted(round(x, 3) for x in to_served)),
+            "hindsight_s": _thin(sorted(round(x, 3) for x in to_hind)),
+            "first_retry_after": _thin(
+                [
+                    (round(r.first_refused_at, 3), round(r.ra_given[0], 3))  # type: ignore[arg-type]
+                    for r in refused
+                    if r.ra_given
+                ]
+            ),
+        }
         classes[c] = {
             "refused": len(refused),
             "served": len(served),
@@ -229,4 +270,7 @@ def refusal_figures(run: ArmRun, scenario: Scenario) -> dict[str, Any]:
         "admitted_share": _r(adm / came if came else None, 4),
         "returns_peak_recovery": peak_ratio(all_returns, start, last if end is None else end),
         "returns_peak_after_burst": peak_ratio(all_returns, start, last),
+        "recovery_s": [start, end],
+        "series": series,
+        "samples": samples,
     }

@@ -183,6 +183,7 @@ class Controller:
         dispatch_on_arrival: bool = True,
         return_lead: float = 0.5,
         return_lead_max_s: float = 5.0,
+        return_slots: Mapping[str, Any] | None = None,
     ) -> None:
         """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
         `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
@@ -206,13 +207,14 @@ class Controller:
             len(PRIORITIES), tau_s=rate_tau_s, max_s=policy.pressure.max_retry_after
         )
         self._ledger = ReturnLedger(
-            len(PRIORITIES), horizon_s=policy.pressure.max_retry_after, id_prefix=f"{seed}-"
+            len(PRIORITIES),
+            horizon_s=policy.pressure.max_retry_after,
+            id_prefix=f"{seed}-",
+            **(return_slots or {}),
         )
         self._returns = [ReturnCounters() for _ in PRIORITIES]
         self._return_lead = return_lead
         self._return_lead_max = return_lead_max_s
-        # per class: since when its fresh demand has been above its usual level (a burst)
-        self._excess_since: list[float | None] = [None for _ in PRIORITIES]
         self._capacity = 0.0  # requests/s started in all, as of the last forecast
         self._service = Ewma(0.05)  # time a request holds its slot (dispatch to finish)
         self._cost = cost_model or TokenCostModel()
@@ -518,13 +520,9 @@ class Controller:
             usual = d.usual_arrival_rate(p, now)
             if usual is None:
                 usual = fresh
-            since = self._excess_since[p]
-            if fresh > 1.2 * usual:
-                if since is None:
-                    since = self._excess_since[p] = now
-                age = max(age, now - since)
-            elif fresh < 1.1 * usual:
-                self._excess_since[p] = None
+            burst = d.burst_age(p, now)
+            if burst is not None:
+                age = max(age, burst)
             rate -= min(fresh, usual)
             excess += max(0.0, fresh - usual)
         self._capacity = total

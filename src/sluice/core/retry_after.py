@@ -100,6 +100,7 @@ class DrainEstimator:
         self._usual: list[float | None] = [None] * priorities
         self._usual_at = [-math.inf] * priorities
         self._first_arrival_at: float | None = None
+        self._burst_since: list[float | None] = [None] * priorities
         self.tau_s = tau_s
         self.slow_tau_s = slow_tau_s
         self.min_rate = min_rate
@@ -145,8 +146,19 @@ class DrainEstimator:
             elif now - self._first_arrival_at >= self.tau_s:
                 self._usual[priority] = fast
             return
-        tau = self.slow_tau_s if fast <= 1.5 * usual else 10.0 * self.slow_tau_s
+        burst = fast > 1.5 * usual
+        if burst and self._burst_since[priority] is None:
+            self._burst_since[priority] = now
+        elif fast < 1.2 * usual:
+            self._burst_since[priority] = None
+        tau = 10.0 * self.slow_tau_s if burst else self.slow_tau_s
         self._usual[priority] = usual + (1.0 - math.exp(-dt / tau)) * (fast - usual)
+
+    def burst_age(self, priority: int, now: float) -> float | None:
+        """How long the class's fresh demand has been above 1.5 x its usual level (until it
+        falls below 1.2 x); None when it is not."""
+        since = self._burst_since[priority]
+        return None if since is None else now - since
 
     def warm(self, now: float) -> bool:
         """Dispatches have been observed for at least tau_s: the rates mean something."""

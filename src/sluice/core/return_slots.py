@@ -74,7 +74,7 @@ class ReturnLedger:
         min_due_s: float = 0.1,
         due_bin_s: float = 0.02,
         peak_s: float = 0.1,
-        return_share: float = 0.8,
+        return_share: float = 1.0,
         id_prefix: str = "",
     ) -> None:
         if bin_s <= 0 or horizon_s <= 0:
@@ -165,6 +165,7 @@ class ReturnLedger:
         need = weight
         w = self.bin_s
         i = math.floor(t / w)
+        taken: list[tuple[int, float]] = []  # (bin, room) the unit takes, bin by bin
         while True:
             end = (i + 1) * w
             k = i - self._base
@@ -180,7 +181,9 @@ class ReturnLedger:
                 dt = need / density
                 if t + dt <= end:
                     t += dt
+                    taken.append((i, need))
                     break
+                taken.append((i, density * (end - t)))
                 need -= density * (end - t)
             # by bin index, not from t: floor(t / w) of a bin's end can be the same bin
             i += 1
@@ -213,7 +216,8 @@ class ReturnLedger:
             weight=weight,
             expires=due + window + self.late_s,
         )
-        self._bins_at(slot)[priority] += weight
+        for i, room in taken:
+            self._bin(i)[priority] += room
         k = math.floor(due / self.due_bin_s)
         self._dues[k] = self._dues.get(k, 0) + 1
         self._bookings[booking.id] = booking
@@ -248,20 +252,21 @@ class ReturnLedger:
         each spread at its own pace, are not told to come back together either."""
         w = self.due_bin_s
         per_window = max(1.0, self.return_share * capacity * self.peak_s)
-        span = max(1, round(self.peak_s / w))  # bins in a window
+        # bins a window of peak_s can touch (one more than it spans: it need not start on a
+        # bin's edge)
+        span = max(1, round(self.peak_s / w)) + 1
         dues = self._dues
         i = math.floor(t / w)
         limit = i + round(self.horizon_s / w)
         while i < limit:
             counts = [dues.get(j, 0) for j in range(i - span + 1, i + span)]
             # every window of `span` bins that would hold bin i stays under the cap
-            if all(sum(counts[j : j + span]) < per_window for j in range(span)):
+            if all(sum(counts[j : j + span]) + 1 <= per_window for j in range(span)):
                 return max(t, i * w)
             i += 1
         return t
 
-    def _bins_at(self, t: float) -> list[float]:
-        i = math.floor(t / self.bin_s)
+    def _bin(self, i: int) -> list[float]:
         bins = self._bins
         if not bins:
             self._base = i
