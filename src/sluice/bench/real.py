@@ -54,8 +54,11 @@ from sluice.bench.harness import (
     plan_retry,
 )
 from sluice.bench.metrics import arm_results
+from sluice.bench.returns import note_refusal
 from sluice.bench.scenario import CLASSES, Scenario
 from sluice.bench.workload import generate
+from sluice.client.retry_after import parse_window
+from sluice.client.transport import BOOKING_HEADER
 from sluice.config import Policy
 
 SATURATED_AT = 0.9
@@ -346,6 +349,7 @@ class _ArmRunner:
         }
         self.preempt_last = [0.0] * self.n
         self.preemption_times: list[float] = []
+        self.dispatch_log: list[tuple[float, int]] = []
         self.gen_total = [0.0] * self.n
         # engine counters, at the start and as last scraped (see `recomputed_tokens`)
         self.counters0: list[dict[str, float]] = [{} for _ in sims]
@@ -478,7 +482,15 @@ class _ArmRunner:
         r.end_at = self.now()
         self.settled += 1
 
-    def _reject(self, r: ReqState, code: str) -> None:
+    def _reject(self, r: ReqState, code: str, retry_after: float | None, headers: Any) -> None:
+        note_refusal(
+            r,
+            self.now(),
+            code,
+            retry_after,
+            headers.get(BOOKING_HEADER),
+            (parse_window(headers) or 0.0) if headers.get(BOOKING_HEADER) else 0.0,
+        )
         cls = r.spec.class_name
         counts = self.rejections[cls]
         counts[code] = counts.get(code, 0) + 1
@@ -494,6 +506,9 @@ class _ArmRunner:
             headers["X-Request-Timeout"] = f"{spec.deadline:g}"
         if r.attempt:
             headers["X-Sluice-Retry"] = str(r.attempt)
+        if r.booking is not None:
+            headers[BOOKING_HEADER] = r.booking
+            r.booking = None
         if self.gateway is None:
             b = self.rr % self.n
             self.rr += 1
@@ -526,11 +541,14 @@ class _ArmRunner:
                     if resp.status in (429, 503):
                         payload = await resp.read()
                         code = _error_code(payload) or f"http_{resp.status}"
-                        self._reject(r, code)
-                        return REJECTED, _retry_after(resp.headers)
+                        retry_after = _retry_after(resp.headers)
+                        self._reject(r, code, retry_after, resp.headers)
+                        return REJECTED, retry_after
                     if resp.status != 200:
                         await resp.read()
                         return FAILED, None
+                    # sent to a backend (the answer's head is back): for the hindsight
+                    self.dispatch_log.append((self.now(), spec.priority))
                     if r.ra_retry:
                         r.admitted_after_ra += 1
                     async for line in resp.content:
@@ -752,6 +770,8 @@ def _run_one_arm(
         series=runner.series,
         wall_s=time.perf_counter() - started,
         events=0,
+        dispatch_log=runner.dispatch_log,
+        reserved_p0=0.0 if arm.policy is None else arm.policy.dispatcher.reserved.p0,
     )
     return run, {"cpu": runner.cpu_use, "recomputed_measured": recomputed is not None}
 

@@ -208,9 +208,11 @@ class Controller:
         )
         self._ledger = ReturnLedger(
             len(PRIORITIES),
-            horizon_s=policy.pressure.max_retry_after,
-            id_prefix=f"{seed}-",
-            **(return_slots or {}),
+            **{
+                "horizon_s": policy.pressure.max_retry_after,
+                "id_prefix": f"{seed}-",
+                **(return_slots or {}),
+            },
         )
         self._returns = [ReturnCounters() for _ in PRIORITIES]
         self._return_lead = return_lead
@@ -357,9 +359,9 @@ class Controller:
         if patience <= 0:
             code = RejectCode.QUEUE_TIMEOUT
         elif returning:
-            # back in its slot: ahead of fresh arrivals, past the pressure rules
-            full = len(q) >= policy.max_queue_size
-            code = RejectCode.QUEUE_FULL if full and not self._may_pass(q, prio) else None
+            # back in its slot: ahead of fresh arrivals, past the pressure rules and the
+            # queue's size (the returns waiting at once are bounded by the room booked)
+            code = None
         else:
             pressure = 0.0 if policy.drop_policy is DropPolicy.TAIL else self.pressure()
             predicted = 0.0
@@ -416,10 +418,6 @@ class Controller:
                 return _QUEUED
         q.push(rec, returning=returning)
         return _QUEUED
-
-    def _may_pass(self, q: ClassQueue, prio: int) -> bool:
-        """An empty queue with no waiting room still lets through what can go at once."""
-        return not len(q) and self._dispatcher.has_free_slot(prio)
 
     def _refuse(
         self,

@@ -11,6 +11,7 @@ import gc
 import itertools
 import logging
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from sluice.gateway.logs import ACCESS_LOG, access
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay, RelayContext, RelayResult
 from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
+from sluice.gateway.returns import BookingTokens, booking_secret
 from sluice.gateway.shared_quota import QuotaTicket, SharedQuotaGate
 from sluice.gateway.telemetry import Telemetry
 
@@ -86,7 +88,10 @@ class Gateway:
             policy,
             self.clock,
             quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
+            # booking ids unique to this process: another replica's token names its own
+            return_slots={"id_prefix": f"{os.getpid():x}{secrets.token_hex(3)}-"},
         )
+        self.tokens = BookingTokens(booking_secret(policy.retry_after.secret_env), self.clock.now)
         self.keyring = KeyRing(policy)
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
@@ -422,6 +427,7 @@ class Gateway:
         # A request that failed before anything reached its client is tried once more on
         # another backend; after the first byte it is never replayed.
         failed: RelayResult | None = None  # the answer a retry replaces
+        booking, booked_slot = self.tokens.return_claim(request.headers, tenant.name, priority)
         for attempt in range(MAX_ATTEMPTS):
             request_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
             patience = wait_deadline
@@ -444,6 +450,9 @@ class Gateway:
                 feature=feature_name,
                 retry_attempt=retry[0] if retry else 0,
                 first_token_visible=parsed.stream,
+                booking=booking if failed is None else None,
+                booked_slot=booked_slot,
+                give_up_at=deadline,
             )
             admission = self.bridge.arrive(info)
             if not admission.queued:
@@ -452,7 +461,13 @@ class Gateway:
                     return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = admission.code.value
                 return self._rejected(
-                    priority, admission.code, admission.retry_after_s, headers, breaker
+                    priority,
+                    admission.code,
+                    admission.retry_after_s,
+                    headers,
+                    breaker,
+                    self._token(admission.booking, priority, tenant.name, admission.retry_after_s),
+                    admission.retry_window_s,
                 )
             decision = admission.assignment or await self.bridge.wait(request_id)
             queued_total += decision.queued_s
@@ -464,7 +479,13 @@ class Gateway:
                     return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = decision.code.value
                 return self._rejected(
-                    priority, decision.code, decision.retry_after_s, headers, breaker
+                    priority,
+                    decision.code,
+                    decision.retry_after_s,
+                    headers,
+                    breaker,
+                    self._token(decision.booking, priority, tenant.name, decision.retry_after_s),
+                    decision.retry_window_s,
                 )
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
             headers["X-Sluice-Backend"] = decision.backend
@@ -574,6 +595,13 @@ class Gateway:
         self.telemetry.observe_latency(priority, self.clock.now() - started)
         return failed.response
 
+    def _token(
+        self, booking: str | None, priority: int, tenant: str, retry_after_s: float
+    ) -> str | None:
+        return (
+            None if booking is None else self.tokens.issue(booking, priority, tenant, retry_after_s)
+        )
+
     def _rejected(
         self,
         priority: int,
@@ -581,12 +609,16 @@ class Gateway:
         retry_after_s: float,
         headers: dict[str, str],
         breaker: CircuitBreaker | None,
+        booking: str | None = None,
+        window_s: float = 0.0,
     ) -> web.Response:
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
         self.telemetry.rejections.labels(str(priority), code.value).inc()
         self.telemetry.outcome(priority, "rejected")
-        return reject_response(code, retry_after_s, self.policy.queue(priority).name, headers)
+        return reject_response(
+            code, retry_after_s, self.policy.queue(priority).name, headers, booking, window_s
+        )
 
     async def _fallback(
         self,

@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 
 from sluice.core.types import RejectCode
+from sluice.gateway.returns import BOOKING_HEADER, WINDOW_HEADER
 
 # OpenAI's `type` for each HTTP status we answer.
 _TYPES = {
@@ -66,13 +67,33 @@ _REJECT_MESSAGES = {
     "pressure; retry after the indicated delay.",
     RejectCode.TENANT_QUOTA: "The tenant's quota is used up; retry after the indicated delay.",
     RejectCode.NO_BACKEND: "No healthy backend serves this model right now; retry shortly.",
+    RejectCode.CANNOT_SERVE_IN_TIME: "The {queue} class has no room for this request before "
+    "its deadline (X-Request-Timeout / X-Stainless-Timeout); the earliest room is in about "
+    "{room} s. Retrying sooner will not help.",
 }
 
 
 def reject_response(
-    code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
+    code: RejectCode,
+    retry_after_s: float,
+    queue: str,
+    headers: dict[str, str],
+    booking: str | None = None,
+    window_s: float = 0.0,
 ) -> web.Response:
+    """A refusal: 429 (503 without a backend) with Retry-After, and when a return slot was
+    booked for it the token the client sends back and the window it should spread its
+    return over (gateway/returns.py). `cannot_serve_in_time` has no Retry-After (none would
+    be before the client's deadline) and says not to retry (`x-should-retry`, which the
+    openai and anthropic SDKs obey)."""
     status = 503 if code is RejectCode.NO_BACKEND else 429
+    if code is RejectCode.CANNOT_SERVE_IN_TIME:
+        hdrs = {**headers, "x-should-retry": "false"}
+        message = _REJECT_MESSAGES[code].format(queue=queue, room=math.ceil(retry_after_s))
+        return error_response(status, message, code.value, hdrs)
     hdrs = {**headers, **retry_after_headers(retry_after_s)}
+    if booking is not None:
+        hdrs[BOOKING_HEADER] = booking
+        hdrs[WINDOW_HEADER] = str(round(window_s * 1000))
     message = _REJECT_MESSAGES[code].format(queue=queue)
     return error_response(status, message, code.value, hdrs)

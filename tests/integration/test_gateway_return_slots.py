@@ -1,0 +1,162 @@
+"""Return slots through a real gateway and simulator (issue 17): a refused request is told
+when to come back and given a booking; back in its slot with the booking it is served
+while fresh requests of its class are still refused; a request whose deadline comes
+before any room is told so, without a Retry-After, and neither SDK retries it; Sluice's
+SDK, left to itself, brings every refused request back in its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from conftest import SimFactory, SimProcess
+from gateway_proc import GatewayProcess, start_gateway
+
+from sluice.client import AsyncRetryTransport, RetryBudget, RetryPolicy
+
+pytestmark = pytest.mark.integration
+
+# Two backend slots; P2 is fast-rejected once both are busy and two more are queued.
+POLICY = """
+queues:
+  - {priority: 0, name: realtime-interactive, maxQueueSize: 200, timeout: 8s, dropPolicy: tail}
+  - {priority: 1, name: agent-workflow, maxQueueSize: 500, timeout: 15s,
+     dropPolicy: early-drop-on-pressure}
+  - {priority: 2, name: batch-extraction, maxQueueSize: 1000, timeout: 60s,
+     dropPolicy: fast-reject}
+tenants:
+  - {name: batch, apiKeys: [sk-demo-p2], priority: 2}
+  - {name: other, apiKeys: [sk-other-p2], priority: 2}
+limiter: {algorithm: fixed, fixedLimit: 2}
+dispatcher: {reserved: {p0: 0.0}}
+"""
+BODY = {"model": "sluice-sim", "prompt": "hi", "max_tokens": 40}
+KEY = {"Authorization": "Bearer sk-demo-p2"}
+
+
+@pytest.fixture
+def gateway(sim_factory: SimFactory) -> Iterator[tuple[SimProcess, GatewayProcess]]:
+    sim = sim_factory("--profile", "tiny", "--speed", "0.5")
+    gw = start_gateway([sim.url], POLICY)
+    yield sim, gw
+    gw.stop()
+
+
+async def _load(client: httpx.AsyncClient, url: str, until: float) -> list[httpx.Response]:
+    """Fresh P2 requests, 8 at a time, until `until` (monotonic)."""
+    answers: list[httpx.Response] = []
+
+    async def one() -> None:
+        while time.monotonic() < until:
+            r = await client.post(url + "/v1/completions", json=BODY, headers=KEY)
+            answers.append(r)
+            if r.status_code == 429:
+                await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(one() for _ in range(8)))
+    return answers
+
+
+def _p2_returns(gw: GatewayProcess) -> dict[str, int]:
+    state = httpx.get(gw.url + "/dashboard/state", timeout=5).json()
+    returns: dict[str, int] = state["controller"]["classes"]["P2"]["returns"]
+    return returns
+
+
+async def test_back_in_its_slot_a_refused_request_is_served_while_fresh_ones_are_not(
+    gateway: tuple[SimProcess, GatewayProcess],
+) -> None:
+    _, gw = gateway
+    async with httpx.AsyncClient(timeout=30) as client:
+        # warm the rates up, then keep the class overloaded for the rest of the test
+        load = asyncio.create_task(_load(client, gw.url, time.monotonic() + 12.0))
+        refusal = None
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            r = await client.post(gw.url + "/v1/completions", json=BODY, headers=KEY)
+            if r.status_code == 429 and "x-sluice-booking" in r.headers:
+                refusal = r
+                break
+        assert refusal is not None, "no refusal with a booking under overload"
+        assert refusal.json()["error"]["code"] == "fast_reject"
+        ra_ms = int(refusal.headers["retry-after-ms"])
+        assert 1 <= int(refusal.headers["retry-after"]) <= 60
+        assert int(refusal.headers["retry-after"]) >= ra_ms / 1000
+        assert int(refusal.headers["x-sluice-retry-window-ms"]) >= 0
+        token = refusal.headers["x-sluice-booking"]
+        # another tenant cannot use it
+        stolen = await client.post(
+            gw.url + "/v1/completions",
+            json=BODY,
+            headers={"Authorization": "Bearer sk-other-p2", "X-Sluice-Booking": token},
+        )
+        await asyncio.sleep(ra_ms / 1000)
+        fresh = await client.post(gw.url + "/v1/completions", json=BODY, headers=KEY)
+        back = await client.post(
+            gw.url + "/v1/completions", json=BODY, headers={**KEY, "X-Sluice-Booking": token}
+        )
+        answers = await load
+    assert back.status_code == 200, back.text
+    assert sum(a.status_code == 429 for a in answers) > 10, "the class was not overloaded"
+    assert fresh.status_code == 429 or stolen.status_code == 429
+    returns = _p2_returns(gw)
+    assert returns["booked"] >= 1 and returns["returned_admitted"] >= 1
+
+
+async def test_a_deadline_before_any_room_is_told_so_and_not_retried(
+    gateway: tuple[SimProcess, GatewayProcess],
+) -> None:
+    _, gw = gateway
+    sdk = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-p2", max_retries=3)
+    async with httpx.AsyncClient(timeout=30) as client:
+        load = asyncio.create_task(_load(client, gw.url, time.monotonic() + 8.0))
+        told = None
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            r = await client.post(
+                gw.url + "/v1/completions",
+                json=BODY,
+                headers={**KEY, "X-Request-Timeout": "0.2"},
+            )
+            if r.status_code == 429 and r.json()["error"]["code"] == "cannot_serve_in_time":
+                told = r
+                break
+        assert told is not None, "a 0.2 s deadline under overload was never told"
+        assert "retry-after" not in told.headers and "retry-after-ms" not in told.headers
+        assert told.headers["x-should-retry"] == "false"
+        with pytest.raises(openai.RateLimitError) as caught:
+            for _ in range(200):
+                await sdk.completions.create(
+                    model="sluice-sim", prompt="hi", max_tokens=40, timeout=0.2
+                )
+        assert caught.value.code == "cannot_serve_in_time"
+        await load
+    retries = gw.metrics().get('sluice_client_retries_total{client="openai-sdk",priority="2"}', 0)
+    assert retries == 0  # x-should-retry: false kept the openai SDK from retrying
+
+
+async def test_the_sdk_brings_refused_requests_back_in_their_slots(
+    gateway: tuple[SimProcess, GatewayProcess],
+) -> None:
+    _, gw = gateway
+    transport = AsyncRetryTransport(
+        policy=RetryPolicy(max_attempts=6), budget=RetryBudget(ratio=1.0, initial=200, capacity=200)
+    )
+    async with httpx.AsyncClient(transport=transport, timeout=60) as client:
+        # warm-up, so that the gateway's rates give slots rather than the longest answer
+        await asyncio.gather(
+            *(client.post(gw.url + "/v1/completions", json=BODY, headers=KEY) for _ in range(8))
+        )
+        answers = await asyncio.gather(
+            *(client.post(gw.url + "/v1/completions", json=BODY, headers=KEY) for _ in range(40))
+        )
+    assert all(a.status_code == 200 for a in answers), [a.status_code for a in answers]
+    assert transport.stats.retries > 0
+    returns = _p2_returns(gw)
+    # most retries came back with their booking in its slot, and every such one got in
+    assert returns["returned"] >= 0.8 * transport.stats.retries, (returns, transport.stats)
+    assert returns["returned_admitted"] == returns["returned"]
