@@ -91,7 +91,7 @@ def test_a_return_in_its_slot_uses_its_booking_up() -> None:
     assert not led.claim(b.id, tenant="t", priority=2, now=10.0)
     assert not led.claim(b.id, tenant="t", priority=1, now=9.0)  # early: not a return...
     assert led.outstanding(1) == 1  # ...and the booking waits for the real one
-    assert led.claim(b.id, tenant="t", priority=1, now=10.3)
+    assert led.claim(b.id, tenant="t", priority=1, now=10.3) == (0.0,)  # refused at 0
     assert not led.claim(b.id, tenant="t", priority=1, now=10.4)  # used up
     assert led.outstanding(1) == 0 and led.claimed[1] == 1
     assert not led.claim("no-such", tenant="t", priority=1, now=10.0)
@@ -99,7 +99,7 @@ def test_a_return_in_its_slot_uses_its_booking_up() -> None:
 
 def test_a_booking_made_elsewhere_is_recognised_by_the_slot_its_token_states() -> None:
     led = ledger(early_s=0.25, late_s=2.0, max_window_s=1.0)
-    assert led.claim("other-replica-7", tenant="t", priority=1, now=10.0, slot=10.1)
+    assert led.claim("other-replica-7", tenant="t", priority=1, now=10.0, slot=10.1) == (None,)
     assert not led.claim("other-replica-7", tenant="t", priority=1, now=14.0, slot=10.0)
 
 
@@ -235,6 +235,7 @@ def test_a_refused_client_back_in_its_slot_is_let_in_ahead_of_fresh_arrivals() -
     assert [a.request_id for a in c.step().assignments] == ["r.1"]
     snap = c.snapshot()["classes"]["P2"]["returns"]
     assert snap["booked"] >= 2 and snap["returned"] == 1 and snap["returned_admitted"] == 1
+    assert snap["waited"] == 1 and snap["waited_s"] == pytest.approx(adm.retry_after_s)
 
 
 def test_a_client_back_too_early_is_a_fresh_arrival() -> None:

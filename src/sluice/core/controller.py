@@ -119,17 +119,21 @@ class ClassCounters:
 class ReturnCounters:
     """Per class, what the return slots did (booking rule): refusals that got a slot,
     that were told no slot comes before their deadline, and requests that came back in
-    their slot (`returned`) and were let into the queue (`returned_admitted`)."""
+    their slot (`returned`) and were let into the queue (`returned_admitted`); for the
+    returns of this gateway's own bookings that were dispatched (`waited`), the time from
+    their refusal to their dispatch in all (`waited_s`)."""
 
-    __slots__ = ("booked", "returned", "returned_admitted", "unservable")
+    __slots__ = ("booked", "returned", "returned_admitted", "unservable", "waited", "waited_s")
 
     def __init__(self) -> None:
         self.booked = 0
         self.unservable = 0
         self.returned = 0
         self.returned_admitted = 0
+        self.waited = 0
+        self.waited_s = 0.0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
@@ -331,13 +335,14 @@ class Controller:
         counters = self._counters[prio]
         counters.arrived += 1
         q = self._queues[prio]
-        returning = False
+        claim = None
         if req.booking is not None and self._policy.retry_after.rule == "booking":
-            returning = self._ledger.claim(
+            claim = self._ledger.claim(
                 req.booking, tenant=req.tenant, priority=prio, now=now, slot=req.booked_slot
             )
-            if returning:
+            if claim is not None:
                 self._returns[prio].returned += 1
+        returning = claim is not None
         self._drain.record_arrival(prio, now, returning)
         if not self._dispatcher.serves(req.model):
             return self._refuse(counters, RejectCode.NO_BACKEND, self._no_backend_retry_s)
@@ -395,8 +400,9 @@ class Controller:
         )
         self._records[rid] = rec
         counters.admitted += 1
-        if returning:
+        if claim is not None:
             rec.returning = True
+            rec.refused_at = claim.made
             self._returns[prio].returned_admitted += 1
         cost.note_admitted(req.model, footprint)
         q0, q1, q2 = self._queues
@@ -641,6 +647,10 @@ class Controller:
         prio = rec.priority
         self._counters[prio].dispatched += 1
         self._drain.record_dispatch(prio, now, rec.returning)
+        if rec.refused_at is not None:
+            returns = self._returns[prio]
+            returns.waited_s += now - rec.refused_at
+            returns.waited += 1
         if arm and rec.info.first_token_visible:
             self._arm(rec, b, now)
         return Assignment(rec.request_id, b.name, now - rec.enqueued_at)

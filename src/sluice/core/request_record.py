@@ -35,6 +35,7 @@ class RequestRecord:
         "priority",
         "prompt_est",
         "quota_tokens",
+        "refused_at",
         "request_id",
         "returning",
         "seq",
@@ -75,3 +76,4 @@ class RequestRecord:
         # when this one was sent: the prefill work ahead of it
         self.prefill_ahead = 0.0
         self.returning = False  # it came back in its booked return slot
+        self.refused_at: float | None = None  # ... booked by this refusal (its time)

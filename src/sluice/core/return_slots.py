@@ -42,11 +42,19 @@ class Booking:
     id: str
     priority: int
     tenant: str
+    made: float  # when the refusal booked it (core clock)
     slot: float  # when its room is forecast (core clock): where it is booked
     due: float  # when the client is told to come back: the slot less the lead
     window: float  # it may come back up to this long after `due` (its jitter)
     weight: float  # the room it takes (the show rate when booked)
     expires: float
+
+
+class Claim(NamedTuple):
+    """A request recognised as a return in its slot; `made`: when its refusal booked it
+    (None for a booking of another replica, known only by its token)."""
+
+    made: float | None
 
 
 class Offer(NamedTuple):
@@ -66,7 +74,7 @@ class ReturnLedger:
         bin_s: float = 0.1,
         horizon_s: float = 60.0,
         early_s: float = 0.25,
-        late_s: float = 2.0,
+        late_s: float = 5.0,
         max_window_s: float = 1.0,
         window_share: float = 0.5,
         show_alpha: float = 0.05,
@@ -210,6 +218,7 @@ class ReturnLedger:
             id=f"{self._prefix}{self._seq}",
             priority=priority,
             tenant=tenant,
+            made=now,
             slot=slot,
             due=due,
             window=window,
@@ -288,22 +297,26 @@ class ReturnLedger:
         priority: int,
         now: float,
         slot: float | None = None,
-    ) -> bool:
-        """A request comes back with a booking: True when it is a return in its slot (its
-        booking is used up). `slot`: the slot a verified token states, for a booking made
-        by another replica (not in this ledger). Too early: not a return, and the booking
-        stays for the real one; too late or unknown: not a return."""
+    ) -> Claim | None:
+        """A request comes back with a booking: a Claim when it is a return in its slot
+        (its booking is used up), else None. `slot`: the due time a verified token
+        states, for a booking made by another replica (not in this ledger). Too early:
+        not a return, and the booking stays for the real one; too late or unknown: not a
+        return."""
         self.expire(now)
         b = self._bookings.get(booking_id)
         if b is None:
-            if slot is None:
-                return False
-            return slot - self.early_s <= now <= slot + self.max_window_s + self.late_s
+            if (
+                slot is not None
+                and slot - self.early_s <= now <= slot + self.max_window_s + self.late_s
+            ):
+                return Claim(None)
+            return None
         if b.tenant != tenant or b.priority != priority or now < b.due - self.early_s:
-            return False
+            return None
         del self._bookings[booking_id]
         self._settle(b, shown=True)
-        return True
+        return Claim(b.made)
 
     def expire(self, now: float) -> None:
         """Bookings whose return is overdue are no-shows; bins in the past are dropped."""

@@ -616,6 +616,8 @@ class Gateway:
             breaker.record_shed()
         self.telemetry.rejections.labels(str(priority), code.value).inc()
         self.telemetry.outcome(priority, "rejected")
+        if code is not RejectCode.CANNOT_SERVE_IN_TIME:
+            self.telemetry.retry_after.labels(str(priority)).observe(retry_after_s)
         return reject_response(
             code, retry_after_s, self.policy.queue(priority).name, headers, booking, window_s
         )
