@@ -283,3 +283,37 @@ def test_a_request_dropped_from_its_queue_is_given_a_slot_too() -> None:
     dropped = c.step().rejections
     assert dropped and all(r.code is RejectCode.QUEUE_TIMEOUT for r in dropped)
     assert all(r.booking is not None and r.retry_after_s > 0 for r in dropped)
+
+
+def test_an_idle_gateway_quotes_a_short_retry_after() -> None:
+    # the issue's dashboard showed P0's Retry-After as 60 s on an idle gateway
+    c = Controller(Policy(), FakeClock(), ["b0"])
+    c.set_backend_health("b0", True)
+    quotes = {k: v["retry_after_s"] for k, v in c.snapshot()["classes"].items()}
+    assert quotes == {"P0": 0.1, "P1": 0.1, "P2": 0.1}
+
+
+def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait() -> None:
+    # the issue's P0 request that timed out in its queue was told 60 s
+    clock = FakeClock()
+    doc = policy().model_dump(by_alias=True)
+    doc["queues"][0]["timeout"] = 0.2
+    c = Controller(Policy.model_validate(doc), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    inflight: list[str] = []
+    for step in range(8):  # P0 served at 4/s
+        clock.set(step * 0.5)
+        for rid in inflight:
+            c.on_finish(rid, Outcome.OK, 100, 10)
+        for k in range(2):
+            c.arrive(req(f"w{step}-{k}", prio=0))
+        inflight = [a.request_id for a in c.step().assignments]
+    assert c.arrive(req("late", prio=0)).queued
+    clock.advance(0.25)  # it waited its class's whole timeout
+    (dropped,) = c.step().rejections
+    assert dropped.code is RejectCode.QUEUE_TIMEOUT
+    assert dropped.booking is not None and dropped.retry_after_s < 2.0
+    # and one whose own deadline passed in the queue is told so, not to come back
+    assert c.arrive(req("later", prio=0, deadline=clock.now() + 0.1)).queued
+    clock.advance(0.15)
+    (gone,) = c.step().rejections
+    assert gone.code is RejectCode.CANNOT_SERVE_IN_TIME and gone.booking is None

@@ -511,9 +511,9 @@ class Controller:
         total = 0.0
         for p in PRIORITIES:
             total += d.rate(p, now)
-        service = self._service.value
-        if service:
-            total += self._free_slots(prio) / service
+        # free slots turn over once per time a request holds one (1 s until one has
+        # finished: an idle gateway has room now, not in a minute)
+        total += self._free_slots(prio) / self._service.get(1.0)
         rate = total
         excess = 0.0
         age = 0.0
