@@ -113,6 +113,7 @@ class ReqState:
         "attempt",
         "backend",
         "booking",
+        "booking_due",
         "end_at",
         "first_refused_at",
         "first_token_at",
@@ -157,6 +158,7 @@ class ReqState:
         # the booking of the last refusal (sent back with the next attempt) and the window
         # over which the gateway asked for the return to be spread
         self.booking: str | None = None
+        self.booking_due: float | None = None  # when it was told to come back (the token's)
         self.ra_window = 0.0
         self.first_refused_at: float | None = None
         self.ra_given: list[float] = []  # the Retry-After of each refusal (as sent)
@@ -469,6 +471,7 @@ class _Run:
             client_deadline=None if spec.deadline is None else t + spec.deadline,
             retry_attempt=r.attempt,
             booking=r.booking,
+            booked_slot=r.booking_due,  # the token carries it: another replica honours it
         )
         r.booking = None
         gw = self.next_gw

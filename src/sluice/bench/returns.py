@@ -46,6 +46,7 @@ def note_refusal(
     """Record a refusal on the client's request: what the next attempt sends back (its
     booking) and how it spreads its return (the window), and the figures kept here."""
     r.booking = booking
+    r.booking_due = None if booking is None or retry_after is None else now + retry_after
     r.ra_window = window_s
     if r.first_refused_at is None:
         r.first_refused_at = now
