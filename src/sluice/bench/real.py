@@ -65,6 +65,7 @@ SATURATED_AT = 0.9
 SAMPLE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 20.0
 LEAD_S = 0.5  # between "everything is up" and the first arrival
+RETURN_MARGIN_S = 15.0  # the drain covers the longest Retry-After and this much more
 
 Progress = Callable[[str, float], None]
 
@@ -736,6 +737,11 @@ def _run_one_arm(
                 on_gateway(gateway_url)
         reqs = [ReqState(spec) for spec in workload]
         drain = scenario.spec.drain  # already shrunk by for_real_mode
+        if arm.policy is not None:
+            # long enough for a client told the longest Retry-After near the end of the
+            # arrivals to come back and be served: a shorter run would count it as never
+            # served whatever the rule (the run still ends once every request has)
+            drain = max(drain, arm.policy.pressure.max_retry_after + RETURN_MARGIN_S)
         pids = {"sims": [p.popen.pid for p in sims]}
         if gateway is not None:
             pids["gateway"] = [gateway.popen.pid]
