@@ -160,3 +160,40 @@ async def test_the_sdk_brings_refused_requests_back_in_their_slots(
     # most retries came back with their booking in its slot, and every such one got in
     assert returns["returned"] >= 0.8 * transport.stats.retries, (returns, transport.stats)
     assert returns["returned_admitted"] == returns["returned"]
+
+
+async def test_replicas_sharing_the_key_recognise_each_others_returns(
+    sim_factory: SimFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = sim_factory("--profile", "tiny", "--speed", "0.5")
+    shared = POLICY + "retryAfter: {rule: booking, secretEnv: TEST_BOOKING_KEY}\n"
+    monkeypatch.setenv("TEST_BOOKING_KEY", "one key for the replicas")
+    a = start_gateway([sim.url], shared)
+    b = start_gateway([sim.url], shared)
+    monkeypatch.setenv("TEST_BOOKING_KEY", "another key")
+    c = start_gateway([sim.url], shared)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            load = asyncio.create_task(_load(client, a.url, time.monotonic() + 8.0))
+            refusal = None
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                r = await client.post(a.url + "/v1/completions", json=BODY, headers=KEY)
+                if r.status_code == 429 and "x-sluice-booking" in r.headers:
+                    refusal = r
+                    break
+            assert refusal is not None
+            token = refusal.headers["x-sluice-booking"]
+            await asyncio.sleep(int(refusal.headers["retry-after-ms"]) / 1000)
+            back = {**KEY, "X-Sluice-Booking": token}
+            on_b, on_c = await asyncio.gather(
+                client.post(b.url + "/v1/completions", json=BODY, headers=back),
+                client.post(c.url + "/v1/completions", json=BODY, headers=back),
+            )
+            await load
+        assert on_b.status_code == 200 and on_c.status_code == 200  # both idle: both serve
+        assert _p2_returns(b)["returned"] == 1  # B knew it for a return...
+        assert _p2_returns(c)["returned"] == 0  # ...C, with another key, for a fresh one
+    finally:
+        for gw in (a, b, c):
+            gw.stop()

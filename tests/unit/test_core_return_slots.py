@@ -290,7 +290,8 @@ def test_an_idle_gateway_quotes_a_short_retry_after() -> None:
     c = Controller(Policy(), FakeClock(), ["b0"])
     c.set_backend_health("b0", True)
     quotes = {k: v["retry_after_s"] for k, v in c.snapshot()["classes"].items()}
-    assert quotes == {"P0": 0.1, "P1": 0.1, "P2": 0.1}
+    # one unit of the room its free slots give (8 slots for P0, 6 for P1/P2: 1 s each)
+    assert quotes == pytest.approx({"P0": 1 / 8, "P1": 1 / 6, "P2": 1 / 6})
 
 
 def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait() -> None:

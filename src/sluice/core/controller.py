@@ -40,7 +40,7 @@ from sluice.core.pressure import PressureInputs, backend_congestion, compute_pre
 from sluice.core.quota import InProcessQuotas, TenantQuotas
 from sluice.core.request_record import RequestRecord, RequestState
 from sluice.core.retry_after import DrainEstimator, refusal_excess
-from sluice.core.return_slots import ReturnLedger
+from sluice.core.return_slots import Offer, ReturnLedger
 from sluice.core.token_cost import TokenCostModel
 from sluice.core.types import (
     Admission,
@@ -137,6 +137,16 @@ class ReturnCounters:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
+class Forecast(NamedTuple):
+    """A class's room, in requests per second it can start, tau s ahead:
+    rate - excess * exp(-tau / decay_s); `capacity`: what the gateway starts in all."""
+
+    rate: float
+    excess: float
+    decay_s: float
+    capacity: float
+
+
 class Refusal(NamedTuple):
     code: RejectCode
     retry_after_s: float
@@ -221,7 +231,6 @@ class Controller:
         self._returns = [ReturnCounters() for _ in PRIORITIES]
         self._return_lead = return_lead
         self._return_lead_max = return_lead_max_s
-        self._capacity = 0.0  # requests/s started in all, as of the last forecast
         self._service = Ewma(0.05)  # time a request holds its slot (dispatch to finish)
         self._cost = cost_model or TokenCostModel()
         self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
@@ -461,21 +470,8 @@ class Controller:
         if rule == "drain":
             return Refusal(code, self._retry_after(prio, now, code, patience))
         ledger = self._ledger
-        ttft = self._ttft.get(0.0)
-        not_after = None if give_up_at is None else give_up_at - ttft
-        rate, excess, decay = self._room_forecast(now, prio)
-        offer = ledger.offer(
-            prio,
-            now,
-            rate=rate,
-            excess=excess,
-            decay_s=decay,
-            ahead=float(sum(len(self._queues[p]) for p in range(prio + 1))),
-            tenant=tenant,
-            not_after=not_after,
-            lead_s=self._lead(prio, ttft),
-            capacity=self._capacity,
-        )
+        not_after = None if give_up_at is None else give_up_at - self._ttft.get(0.0)
+        offer = self._offer(prio, now, tenant, not_after)
         returns = self._returns[prio]
         if offer.booking is not None:
             returns.booked += 1
@@ -489,6 +485,25 @@ class Controller:
         # no room forecast within the horizon: the longest answer, no promise
         return Refusal(code, horizon)
 
+    def _offer(
+        self, prio: int, now: float, tenant: str, not_after: float | None, book: bool = True
+    ) -> Offer:
+        """The ledger's return slot for a refusal of this class now (a quote: book=False)."""
+        f = self._room_forecast(now, prio)
+        return self._ledger.offer(
+            prio,
+            now,
+            rate=f.rate,
+            excess=f.excess,
+            decay_s=f.decay_s,
+            capacity=f.capacity,
+            ahead=float(sum(len(self._queues[p]) for p in range(prio + 1))),
+            tenant=tenant,
+            not_after=not_after,
+            lead_s=self._lead(prio, self._ttft.get(0.0)),
+            book=book,
+        )
+
     def _lead(self, prio: int, ttft: float) -> float:
         """How much earlier than its forecast room a refused client is told to come back:
         half the wait its queue allows (the class timeout less the early-drop slack). If
@@ -499,7 +514,7 @@ class Controller:
         lead = self._return_lead * max(0.0, q.timeout - head_slack(q, ttft))
         return min(self._return_lead_max, lead)
 
-    def _room_forecast(self, now: float, prio: int) -> tuple[float, float, float]:
+    def _room_forecast(self, now: float, prio: int) -> Forecast:
         """The room forecast for class `prio` (requests per second it can start, tau s
         ahead: rate - excess * exp(-tau / decay)), from what is dispatched now: all of
         it (plus what free slots would turn over) less the fresh (not returning) demand of
@@ -529,8 +544,7 @@ class Controller:
                 age = max(age, burst)
             rate -= min(fresh, usual)
             excess += max(0.0, fresh - usual)
-        self._capacity = total
-        return max(0.0, rate), excess, max(MIN_BURST_S, age)
+        return Forecast(max(0.0, rate), excess, max(MIN_BURST_S, age), total)
 
     def _free_slots(self, prio: int) -> int:
         free = 0
@@ -922,23 +936,10 @@ class Controller:
         rule = self._policy.retry_after.rule
         if rule != "booking":
             return self._refusal(prio, now, RejectCode.QUEUE_FULL, None, "", None).retry_after_s
-        lead = self._lead(prio, self._ttft.get(0.0))
-        rate, excess, decay = self._room_forecast(now, prio)
-        offer = self._ledger.offer(
-            prio,
-            now,
-            rate=rate,
-            excess=excess,
-            decay_s=decay,
-            ahead=float(sum(len(self._queues[p]) for p in range(prio + 1))),
-            tenant="",
-            lead_s=lead,
-            book=False,
-        )
-        horizon = self._ledger.horizon_s
-        if offer.slot is None:
-            return horizon
-        return max(self._drain.min_s, offer.slot - lead - now)
+        offer = self._offer(prio, now, "", None, book=False)
+        if offer.due is None:
+            return self._ledger.horizon_s
+        return max(self._drain.min_s, offer.due - now)
 
     def _returns_snapshot(self, prio: int, now: float) -> dict[str, Any]:
         ledger = self._ledger
@@ -948,7 +949,7 @@ class Controller:
             "expired": ledger.expired[prio],
             "show_rate": round(ledger.show_rate(prio), 4),
             "booked_ahead_s": round(ledger.booked_until(prio, now), 3),
-            "room_rate": round(self._room_forecast(now, prio)[0], 3),
+            "room_rate": round(self._room_forecast(now, prio).rate, 3),
         }
 
     # -- hot reload --------------------------------------------------------------------

@@ -59,11 +59,12 @@ class Claim(NamedTuple):
 
 class Offer(NamedTuple):
     """The answer to `ReturnLedger.offer`: `slot` None = no room forecast within the
-    horizon; `booking` None with a slot = the slot is past the client's deadline (nothing
-    was booked)."""
+    horizon; `booking` None with a slot = the slot is past the client's deadline, or a
+    quote (nothing was booked); `due`: when its client would be told to come back."""
 
     slot: float | None
     booking: Booking | None
+    due: float | None = None
 
 
 class ReturnLedger:
@@ -209,7 +210,7 @@ class ReturnLedger:
         if due > now + self.horizon_s:
             return Offer(None, None)
         if not book or (not_after is not None and slot > not_after):
-            return Offer(slot, None)
+            return Offer(slot, None, due)
         self._v[priority] = slot
         self._last_due[priority] = due
         window = min(self.max_window_s, self.window_share * spacing)
@@ -232,7 +233,7 @@ class ReturnLedger:
         self._bookings[booking.id] = booking
         heapq.heappush(self._expiry, (booking.expires, booking.id))
         self._outstanding[priority] += 1
-        return Offer(slot, booking)
+        return Offer(slot, booking, due)
 
     @staticmethod
     def _drain_time(ahead: float, rate: float, excess: float, decay_s: float) -> float:
