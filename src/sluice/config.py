@@ -13,6 +13,7 @@ import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from pydantic import (
@@ -193,6 +194,11 @@ class DispatcherPolicy(_Model):
     reserved: Reserved = Reserved()
     # A P1 request waiting longer than this is served as if it were P0 (anti-starvation).
     aging_after: Duration = 10.0
+    # A queued request too large for any backend's KV budget unless that backend is empty
+    # holds back the requests behind it (its class, and lower classes on its model's
+    # backends) while a backend drains for it, for at most this long; then it waits
+    # without holding anyone back (docs/overload.md).
+    hold_for_large: Duration = 2.0
 
 
 class PressurePolicy(_Model):
@@ -240,6 +246,9 @@ class ServerPolicy(_Model):
     upstream_timeout: Duration = Field(default=600.0, gt=0)
     # SIGTERM: stop accepting, let open streams finish for at most this long.
     shutdown_grace: Duration = Field(default=30.0, ge=0)
+    # Client connections one gateway process holds open at once; past it a new connection
+    # is answered 503 too_many_connections (Retry-After: 1) and closed (docs/operations.md).
+    max_connections: int = Field(default=4096, ge=1)
 
 
 class BreakerPolicy(_Model):
@@ -260,6 +269,19 @@ class RedisPolicy(_Model):
     url: str
 
 
+class ExposePolicy(_Model):
+    """What a client without the admin key may learn of the gateway's insides."""
+
+    # X-Sluice-Backend on every answer: the name of the backend that served it.
+    backend_names: bool = False
+    # 502/504 texts and mid-stream error events: the backend's name and the transport
+    # error (host:port, the HTTP client's own words). Off: the kind of failure only.
+    error_details: bool = False
+    # /dashboard/state without the admin key: `summary` (classes, and backends as
+    # "backend 1".."n", no tenant names) or `full` (what the admin key sees).
+    dashboard: Literal["summary", "full"] = "summary"
+
+
 class Policy(_Model):
     queues: tuple[QueuePolicy, ...] = DEFAULT_QUEUES
     tenants: tuple[Tenant, ...] = ()
@@ -274,6 +296,10 @@ class Policy(_Model):
     server: ServerPolicy = ServerPolicy()
     breakers: BreakerPolicy = BreakerPolicy()
     redis: RedisPolicy | None = None
+    expose: ExposePolicy = ExposePolicy()
+    # A policy under which no client (`tenants`) or no admin (`admin`) can get in is
+    # refused (at start, by check-config, on reload) unless it is listed here.
+    allow_lockout: tuple[Literal["tenants", "admin"], ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -368,10 +394,67 @@ def missing_environment(policy: Policy) -> list[str]:
     ]
 
 
+def lockout_errors(policy: Policy, current: Policy | None = None) -> list[str]:
+    """Why the policy would lock everybody out, as 'field.path: reason' lines: no tenant
+    with a key (every client answered 401), or, replacing `current` that had admin keys,
+    no admin key (/admin/* answered 401 until a restart). `allowLockout` lists what the
+    policy means to lock out."""
+    errors = []
+    if "tenants" not in policy.allow_lockout and not any(
+        t.api_keys or t.api_key_sha256 for t in policy.tenants
+    ):
+        errors.append(
+            "tenants: no tenant has an API key, so every client would be answered 401; "
+            "add tenants, or write `allowLockout: [tenants]` if that is meant"
+        )
+    had_admin = current is not None and bool(current.admin.key_digests())
+    if had_admin and "admin" not in policy.allow_lockout and not policy.admin.key_digests():
+        errors.append(
+            "admin: the policy in force has admin keys and this one none, so /admin/* "
+            "would be answered 401 until a restart; keep a key, or write "
+            "`allowLockout: [admin]` if that is meant"
+        )
+    return errors
+
+
+def policy_secrets(policy: Policy) -> list[str]:
+    """Every secret the policy names or points to: plaintext tenant and admin keys, the
+    backends' keys (from the environment), the Redis URL's password. For the log's
+    redaction (gateway/logs.py), never for display."""
+    out = [k for t in policy.tenants for k in t.api_keys] + list(policy.admin.api_keys)
+    for b in policy.backends:
+        if b.api_key_env and (value := os.environ.get(b.api_key_env)):
+            out.append(value)
+    if policy.redis is not None:
+        try:
+            password = urlsplit(policy.redis.url).password
+        except ValueError:
+            password = None
+        if password:
+            out += [password, unquote(password)]
+    return out
+
+
 def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file. Every way it can fail, whatever the cause, is a
+    ConfigError with a readable reason: never another exception."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
     except OSError as exc:
         raise ConfigError(str(p), [f"(file): cannot read ({exc.strerror})"]) from exc
-    return parse_policy(text, str(p))
+    if not raw.strip():
+        # an editor or `kubectl cp` caught between truncating the file and writing it
+        raise ConfigError(str(p), ["(file): the file is empty"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reason = f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        raise ConfigError(str(p), [f"(file): {reason}"]) from None
+    try:
+        return parse_policy(text, str(p))
+    except ConfigError:
+        raise
+    except Exception as exc:  # a YAML or validation surprise (deep nesting, ...)
+        reason = f"cannot be read as a policy ({type(exc).__name__}: {exc})"
+        raise ConfigError(str(p), [f"(file): {reason[:500]}"]) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sluice.config import ConfigError, load_policy, missing_environment
+from sluice.config import ConfigError, load_policy, lockout_errors, missing_environment
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +15,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.path)
+        if lockout := lockout_errors(policy):
+            raise ConfigError(args.path, lockout)
     except ConfigError as exc:
         print(f"{exc.source}: invalid policy", file=sys.stderr)
         for line in exc.errors:

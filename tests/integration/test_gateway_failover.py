@@ -23,6 +23,7 @@ features:
   - name: summarize
     core: false
     fallback: {static: "Summaries are paused for a moment; please try again shortly."}
+expose: {backendNames: true}  # the test reads X-Sluice-Backend
 """
 
 

@@ -10,10 +10,6 @@ once Redis is back."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import signal
-import socket
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,76 +20,19 @@ import pytest
 import redis
 from conftest import SimFactory
 from gateway_proc import GatewayProcess, start_gateway
+from redis_proc import REDIS_SERVER, RedisServer
 
 from sluice.config import Tenant
 from sluice.core.clock import MonotonicClock
 from sluice.core.quota import InProcessQuotas
 from sluice.gateway.shared_quota import SharedQuotaGate, tenant_keys
 
-REDIS_SERVER = shutil.which("redis-server")
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
         REDIS_SERVER is None, reason="redis-server is missing: run scripts/ensure_redis.sh"
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A throw-away redis-server on 127.0.0.1 (no persistence)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> None:
-        assert REDIS_SERVER is not None
-        self.proc = subprocess.Popen(
-            [
-                REDIS_SERVER,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.folder),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if client.ping():
-                    client.close()
-                    return
-            except redis.exceptions.ConnectionError:
-                pass
-            assert self.proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, "redis-server did not answer"
-            time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from sluice.config import (
     ConfigError,
     DropPolicy,
     load_policy,
+    lockout_errors,
     missing_environment,
     parse_duration,
     parse_policy,
@@ -148,11 +149,15 @@ def _check_config(path: str, env: dict[str, str] | None = None) -> subprocess.Co
     )
 
 
+TENANT = "    tenants:\n    - {name: app, apiKeys: [sk-app]}\n"
+
+
 def test_check_config_command(tmp_path: Path) -> None:
     good = tmp_path / "cm.yaml"
-    good.write_text(SEED_CONFIGMAP)
+    good.write_text(SEED_CONFIGMAP + TENANT)
     ok = _check_config(str(good))
     assert ok.returncode == 0, ok.stderr
+    assert "1 tenants" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues: 3\nextra: 1\n")
     res = _check_config(str(bad))
@@ -164,6 +169,7 @@ def test_check_config_command(tmp_path: Path) -> None:
 
 
 KEYED = """
+tenants: [{name: app, apiKeys: [sk-app]}]
 backends:
   - {name: a, url: "http://10.0.0.1:8000", apiKeyEnv: SLUICE_TEST_KEY_A}
   - {name: b, url: "http://10.0.0.2:8000"}
@@ -202,3 +208,54 @@ def test_a_backend_key_is_named_not_written_in_the_policy(tmp_path: Path) -> Non
     assert "warning: backends.0.apiKeyEnv: the environment variable SLUICE_TEST_KEY_A" in (
         res.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "(file): the file is empty"),
+        (b"  \n\n", "(file): the file is empty"),
+        (b"queues: caf\xe9\n", "(file): not UTF-8 text (byte 0xe9 at offset 11)"),
+        (SEED_CONFIGMAP.encode(), "tenants: no tenant has an API key"),
+        (b"tenants: [{name: a}]\n", "tenants: no tenant has an API key"),
+    ],
+    ids=["empty", "blank", "not-utf8", "seed-without-tenants", "tenant-without-key"],
+)
+def test_check_config_refuses_a_file_that_cannot_serve_anyone(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    """Empty (a half-written file), not UTF-8, or no tenant with a key (every client
+    would get 401): a clear message, exit 1, never a traceback."""
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(content)
+    res = _check_config(str(path))
+    assert res.returncode == 1, res.stdout
+    assert f"{path}: invalid policy" in res.stderr
+    assert reason in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_a_lockout_is_accepted_only_when_the_policy_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "maintenance.yaml"
+    path.write_text("allowLockout: [tenants]\n")
+    res = _check_config(str(path))
+    assert res.returncode == 0, res.stderr
+    assert lockout_errors(parse_policy("allowLockout: [tenants]")) == []
+
+
+def test_a_policy_that_drops_every_admin_key_is_refused_against_one_that_had_some() -> None:
+    keyed = parse_policy("tenants: [{name: a, apiKeys: [k]}]\nadmin: {apiKeys: [adm]}")
+    no_admin = parse_policy("tenants: [{name: a, apiKeys: [k]}]")
+    assert lockout_errors(no_admin) == []  # at start: no admin API, nobody locked out
+    [error] = lockout_errors(no_admin, current=keyed)
+    assert error.startswith("admin: the policy in force has admin keys and this one none")
+    explicit = parse_policy("tenants: [{name: a, apiKeys: [k]}]\nallowLockout: [admin]")
+    assert lockout_errors(explicit, current=keyed) == []
+
+
+def test_any_failure_to_read_a_policy_is_a_config_error(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_policy(deep)
+    assert err.value.errors[0].startswith("(file): ")

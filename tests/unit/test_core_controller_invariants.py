@@ -12,7 +12,7 @@ from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.limiters import Limiter, LimiterBase, make_limiter
 from sluice.core.request_record import RequestState
-from sluice.core.types import BackendMetrics, Outcome, RequestInfo, Sample
+from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
 
 BACKENDS = ["b0", "b1"]
 ALGORITHMS = ["fixed", "sluice", "vegas-seed", "gradient"]
@@ -180,6 +180,8 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
                     unreported[rid] = backend
                 else:
                     queued.add(rid)
+            elif adm.code is RejectCode.TOO_LARGE:  # never retried: no Retry-After
+                assert prompt * 4 > 200 * 16 and adm.retry_after_s == 0
             else:
                 assert adm.code is not None and 0 < adm.retry_after_s <= 60
         elif kind == "dispatch":

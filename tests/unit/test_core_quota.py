@@ -7,7 +7,7 @@ import pytest
 from sluice.config import Policy, Tenant
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.quota import InProcessQuotas, QuotaShare, local_fraction, refilled
+from sluice.core.quota import InProcessQuotas, QuotaShare, local_fraction, refilled, settlement
 from sluice.core.types import Outcome, RejectCode, RequestInfo
 
 
@@ -30,7 +30,7 @@ def test_tokens_per_minute_and_settlement() -> None:
     assert not d.ok and d.retry_after_s == 10.0  # 100 missing at 10/s
     q.settle("t", -300, 0.0)  # it used 300 fewer tokens than charged
     assert q.acquire("t", 200, 0.0).ok
-    # a request larger than a minute's quota waits for a full bucket, then runs in debt
+    # a request larger than a minute's quota waits for a full bucket, then runs charged it
     d = q.acquire("t", 5000, 0.0)
     assert not d.ok and d.retry_after_s == pytest.approx(40.0)  # 200 left: 400 missing
     assert not q.acquire("t", 5000, 39.0).ok
@@ -125,3 +125,68 @@ def test_refilled_caps_at_the_capacity() -> None:
     assert refilled(-60.0, 600, 6.0) == 0.0
     assert refilled(500.0, 600, 60.0) == 600.0
     assert refilled(10.0, 600, -1.0) == 10.0  # clocks do not run backwards
+
+
+# -- issue 14, item 5: what one request may cost its tenant ---------------------------------
+
+
+def test_a_request_is_charged_at_most_a_full_bucket_and_nothing_if_the_backend_refuses_it() -> None:
+    """max_tokens of ten million (or 2^63-1) that the backend refuses (400, no usage)
+    must not lock its tenant out: the charge is capped at the bucket, and given back."""
+    tenant = Tenant(name="t", tokens_per_minute=100_000)
+    policy = Policy(tenants=(tenant,))
+    clock = FakeClock()
+    c = Controller(policy, clock, ["b0"])
+    for i, max_tokens in enumerate((10_000_000, 2**63 - 1)):
+        rid = f"huge-{i}"
+        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, max_tokens)).queued
+        c.step()
+        c.on_finish(rid, Outcome.CLIENT_ERROR)  # refused by the backend: no usage
+        assert c.arrive(RequestInfo(f"next-{i}", "t", 1, "m", 10, 100)).queued
+        c.step()
+        c.on_finish(f"next-{i}", Outcome.OK, 10, 50)
+    q = InProcessQuotas([tenant])
+    assert q.charge_for("t", 2**63 - 1) == 100_000
+    assert q.acquire("t", q.charge_for("t", 2**63 - 1), 0.0).ok
+    q.settle("t", 10**18, 0.0)  # whatever a backend reports: at most a minute in debt
+    assert q.levels("t", 0.0) == (None, -100_000.0)
+    assert q.acquire("t", 1, 120.0).ok
+
+
+@pytest.mark.parametrize(
+    ("outcome", "usage", "delta"),
+    [
+        (Outcome.OK, (30, 20), 50 - 400),  # reported usage: the charge becomes it
+        (Outcome.CANCELLED, (None, None), 0),  # work was done, unknown how much
+        (Outcome.OK, (None, None), 0),  # an answer without usage: the estimate
+        (Outcome.CLIENT_ERROR, (None, None), -400),  # refused by the backend
+        (Outcome.OVERLOADED, (None, None), -400),
+        (Outcome.ERROR, (None, None), -400),
+        (Outcome.TIMEOUT, (None, None), -400),
+    ],
+)
+def test_one_settlement_rule(
+    outcome: Outcome, usage: tuple[int | None, int | None], delta: int
+) -> None:
+    assert settlement(400, outcome, *usage) == delta
+
+
+def test_the_quota_is_charged_what_the_cost_model_expects_as_the_shared_store_is() -> None:
+    """One charge rule: the local quota and the Redis gate (which charges
+    `Controller.cost_of` before arrival) charge the corrected prompt plus the learned
+    output, not prompt + max_tokens."""
+    tenant = Tenant(name="t", tokens_per_minute=6_000)
+    clock = FakeClock()
+    quotas = InProcessQuotas([tenant])
+    c = Controller(Policy(tenants=(tenant,)), clock, ["b0"], quotas=quotas)
+    first = RequestInfo("a", "t", 1, "m", 100, 1000)
+    assert c.cost_of(first) == 100 + 500  # before any usage: half of max_tokens
+    c.arrive(first)
+    c.step()
+    c.on_finish("a", Outcome.OK, 200, 40)  # the prompt was 2x the estimate; 40 out
+    second = RequestInfo("b", "t", 1, "m", 100, 1000)
+    expected = c.cost_of(second)
+    assert expected == round(100 * 2.0 + 40)
+    before = quotas.levels("t", clock.now())[1]
+    c.arrive(second)
+    assert before is not None and quotas.levels("t", clock.now())[1] == before - expected

@@ -145,3 +145,74 @@ def test_older_vllm_names_and_unknown_fields() -> None:
     text = "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 2\n"
     m = MetricsParser().parse(text, at=0.0)
     assert (m.kv_usage, m.running, m.waiting, m.num_gpu_blocks) == (0.5, 2.0, None, None)
+
+
+# -- issue 14, item 10: every field that becomes prompt tokens, every sequence -------------
+
+
+def test_tools_count_as_the_prompt_they_become() -> None:
+    """20 kB in a tool's description costs what 20 kB in a message does (the chat template
+    renders the tools into the prompt): within 5 %."""
+    text = "lorem ipsum dolor sit amet " * 750  # ~20 kB
+    user = [{"role": "user", "content": "hi"}]
+    in_message = parse_request(
+        orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}), chat=True
+    )
+    tool = {"type": "function", "function": {"name": "f", "description": text, "parameters": {}}}
+    in_tools = parse_request(
+        orjson.dumps({"model": "m", "messages": user, "tools": [tool]}), chat=True
+    )
+    assert in_tools.prompt_tokens_est == pytest.approx(in_message.prompt_tokens_est, rel=0.05)
+    legacy = parse_request(
+        orjson.dumps({"model": "m", "messages": user, "functions": [tool["function"]]}),
+        chat=True,
+    )
+    assert legacy.prompt_tokens_est == pytest.approx(in_message.prompt_tokens_est, rel=0.05)
+
+
+def test_tool_calls_and_names_in_messages_count_too() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "x" * 4000}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "y" * 400},
+    ]
+    req = parse_request(orjson.dumps({"model": "m", "messages": messages}), chat=True)
+    assert req.prompt_tokens_est > 1000 + 100
+
+
+@pytest.mark.parametrize(
+    ("fields", "chat", "sequences"),
+    [
+        ({}, True, 1),
+        ({"n": 4}, True, 4),
+        ({"n": 2, "best_of": 5}, False, 5),
+        ({"prompt": ["a", "b", "c"], "n": 2}, False, 6),  # three prompts, two each
+        ({"prompt": [1, 2, 3]}, False, 1),  # one prompt of token ids
+        ({"prompt": [[1, 2], [3]]}, False, 2),
+    ],
+)
+def test_every_sequence_the_engine_runs_is_counted(
+    fields: dict[str, object], chat: bool, sequences: int
+) -> None:
+    body: dict[str, object] = {"model": "m", "max_tokens": 10}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    body.update(fields)
+    assert parse_request(orjson.dumps(body), chat=chat).sequences == sequences
+
+
+def test_n_must_be_a_positive_integer() -> None:
+    with pytest.raises(BadRequest, match="'n' must be a positive integer"):
+        parse_request(_chat(n=0), chat=True)
+
+
+def test_the_core_charges_each_sequence_its_output() -> None:
+    from sluice.core.token_cost import TokenCostModel
+
+    model = TokenCostModel()
+    assert model.footprint("t", "m", 100, 200, sequences=4) == 100 + 4 * 100
+    model.observe("t", "m", 100, 100, 400, sequences=4)  # usage sums the four
+    assert model.expected_output("t", "m", 200) == 100.0

@@ -16,6 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sluice.config import Tenant
 from sluice.core.clock import FakeClock, MonotonicClock
 from sluice.core.quota import InProcessQuotas
+from sluice.core.types import Outcome
 from sluice.gateway.shared_quota import (
     ACQUIRE_LUA,
     CALL_TIMEOUT_S,
@@ -327,9 +328,9 @@ async def test_acquire_charges_redis_and_close_gives_back_what_was_not_used() ->
     (args,) = {a[:4] for a in redis.named("acquire")}
     assert args == (60, 1200, 2, 300)
     refunded.close()
-    used.used(40, 60)
+    used.finished(Outcome.OK, 40, 60)
     used.close()
-    cancelled.ran = True  # cancelled in flight: no usage, the estimate stands
+    cancelled.finished(Outcome.CANCELLED, None, None)  # in flight, no usage: the estimate
     cancelled.close()
     cancelled.close()  # once only
     await settle()
@@ -479,7 +480,7 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
         [1, b"0", b"60", b"900", b"1"] if name == "acquire" else [b"60", b"1000"]
     )
     ticket = await gate.acquire("capped", 100)
-    ticket.used(10, 20)
+    ticket.finished(Outcome.OK, 10, 20)
     ticket.close()
     await asyncio.sleep(FLUSH_S)
     await settle()

@@ -380,7 +380,8 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
             ax.set_xlabel("seconds after the first refusal")
             ax.set_ylim(0, 1.02)
         axes[0][0].set_ylabel("share of the refused later served")
-        axes[0][0].legend(loc="lower right", fontsize=8)
+        if axes[0][0].get_legend_handles_labels()[0]:
+            axes[0][0].legend(loc="lower right", fontsize=8)
         save(fig, "refusal_to_served.png")
 
     # rejections by cause

@@ -16,6 +16,7 @@ class BackendState:
         "inflight",
         "inflight_tokens",
         "kv_budget",
+        "kv_capacity",
         "last_metrics",
         "limit",
         "limiter",
@@ -37,6 +38,9 @@ class BackendState:
         self.limit = limiter.limit  # cached after every limiter call
         self.cap_low = -1  # slots P1/P2 may use (the dispatcher computes it)
         self.kv_budget: float | None = limiter.kv_budget_tokens
+        # The KV cache's size in tokens, once a scrape told it (kept while metrics are
+        # stale: it does not change); None = unknown.
+        self.kv_capacity: float | None = None
         self.last_metrics: BackendMetrics | None = None
         self.metrics_fresh = False
         self.removed = False  # dropped by set_backends while requests were in flight

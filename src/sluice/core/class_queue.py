@@ -11,7 +11,10 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
   * a heap of client deadlines (lazy deletion) for requests that carry one;
   * a returns lane: requests that came back in the return slot a refusal booked for them
     (`return_slots`), served before the tenants' queues in the order they came back (the
-    promise of the slot: ahead of fresh arrivals of the class).
+    promise of the slot: ahead of fresh arrivals of the class);
+  * `parked`: requests taken out of the round robin or the returns lane (a large request
+    that has held the others back as long as it may, see the dispatcher): still queued,
+    in `by_arrival`, tried before the round robin's next request but never holding it back.
 
 The drop rules themselves are in `drop_policy`; this class finds what is due given the
 slack the policy asks for.
@@ -47,6 +50,7 @@ class ClassQueue:
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
         self.returns: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.parked: OrderedDict[str, RequestRecord] = OrderedDict()
 
     @property
     def priority(self) -> int:
@@ -68,7 +72,10 @@ class ClassQueue:
         return 0.0 if rec is None else now - rec.enqueued_at
 
     def tenant_depths(self) -> dict[str, int]:
-        return {name: len(t.items) for name, t in self._tenants.items() if t.items}
+        depths = {name: len(t.items) for name, t in self._tenants.items() if t.items}
+        for rec in self.parked.values():
+            depths[rec.tenant] = depths.get(rec.tenant, 0) + 1
+        return depths
 
     # -- add / remove ------------------------------------------------------------------
 
@@ -95,18 +102,28 @@ class ClassQueue:
     def remove(self, request_id: str) -> RequestRecord | None:
         """Take a request out wherever it is (client gone, dropped). O(1)."""
         rec = self.by_arrival.pop(request_id, None)
-        if rec is not None and self.returns and self.returns.pop(request_id, None) is not None:
-            if not self.by_arrival:
-                self._deadlines.clear()
-            return rec
         if rec is not None:
-            t = self._tenants[rec.tenant]
-            del t.items[request_id]
-            if not t.items:
-                t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
+            elsewhere = (self.parked and self.parked.pop(request_id, None) is not None) or (
+                self.returns and self.returns.pop(request_id, None) is not None
+            )
+            if not elsewhere:
+                t = self._tenants[rec.tenant]
+                del t.items[request_id]
+                if not t.items:
+                    t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
             if not self.by_arrival:
                 self._deadlines.clear()  # all stale: lazy deletion must not pile them up
         return rec
+
+    def park(self, rec: RequestRecord) -> None:
+        """Take a queued request out of the round robin (or the returns lane); it stays
+        queued (`parked`)."""
+        if self.returns.pop(rec.request_id, None) is None:
+            t = self._tenants[rec.tenant]
+            del t.items[rec.request_id]
+            if not t.items:
+                t.deficit = 0.0
+        self.parked[rec.request_id] = rec
 
     # -- deficit round robin -----------------------------------------------------------
 

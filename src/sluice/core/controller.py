@@ -37,7 +37,7 @@ from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
 from sluice.core.limiters import Limiter, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
-from sluice.core.quota import InProcessQuotas, TenantQuotas
+from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
 from sluice.core.retry_after import DrainEstimator, refusal_excess
 from sluice.core.return_slots import Offer, ReturnLedger
@@ -214,6 +214,7 @@ class Controller:
             reserved_p0=policy.dispatcher.reserved.p0,
             aging_after_s=policy.dispatcher.aging_after,
             aging_every=aging_every,
+            hold_for_large_s=policy.dispatcher.hold_for_large,
         )
         self._records: dict[str, RequestRecord] = {}
         self._thresholds = class_thresholds(policy)
@@ -302,6 +303,8 @@ class Controller:
             return
         b.last_metrics = m
         b.metrics_fresh = True
+        if m.num_gpu_blocks and m.block_size:
+            b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
         # what is ours in the scrape's KV usage (the rest is other replicas')
         if hasattr(b.limiter, "own_kv_tokens"):
             b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
@@ -357,10 +360,11 @@ class Controller:
             return self._refuse(counters, RejectCode.NO_BACKEND, self._no_backend_retry_s)
 
         cost = self._cost
-        prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
-        expected_out = cost.expected_output(req.tenant, req.model, req.max_tokens)
-        footprint = max(1, int(prompt + expected_out + 0.999999))
-        quota = self._quotas.acquire(req.tenant, footprint, now)
+        prompt, expected_out, footprint = self._estimate(req)
+        if self._dispatcher.never_fits(req.model, prompt):
+            return self._refuse(counters, RejectCode.TOO_LARGE, 0.0)
+        charge = self._quotas.charge_for(req.tenant, footprint)
+        quota = self._quotas.acquire(req.tenant, charge, now)
         if not quota.ok:
             retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
             return self._refuse(counters, RejectCode.TENANT_QUOTA, retry)
@@ -394,7 +398,7 @@ class Controller:
                 patience_s=patience,
             )
         if code is not None:
-            self._quotas.refund(req.tenant, footprint, now)
+            self._quotas.refund(req.tenant, charge, now)
             refusal = self._refusal(prio, now, code, patience, req.tenant, _give_up_at(req))
             return self._refuse(counters, refusal.code, refusal.retry_after_s, refusal)
 
@@ -407,6 +411,7 @@ class Controller:
             expected_output=expected_out,
             cost=footprint,
         )
+        rec.quota_tokens = charge
         self._records[rid] = rec
         counters.admitted += 1
         if claim is not None:
@@ -433,6 +438,20 @@ class Controller:
                 return _QUEUED
         q.push(rec, returning=returning)
         return _QUEUED
+
+    def _estimate(self, req: RequestInfo) -> tuple[float, float, int]:
+        """(corrected prompt, expected output of all its sequences, KV footprint)."""
+        cost = self._cost
+        prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
+        expected_out = max(1, req.sequences) * cost.expected_output(
+            req.tenant, req.model, req.max_tokens
+        )
+        return prompt, expected_out, max(1, int(prompt + expected_out + 0.999999))
+
+    def cost_of(self, req: RequestInfo) -> int:
+        """The request's estimated cost in tokens, as `arrive` would charge the tenant's
+        token quota (a shared quota store is charged the same, before `arrive`)."""
+        return self._estimate(req)[2]
 
     def _refuse(
         self,
@@ -527,8 +546,8 @@ class Controller:
         for p in PRIORITIES:
             total += d.rate(p, now)
         # free slots turn over once per time a request holds one (1 s until one has
-        # finished: an idle gateway has room now, not in a minute)
-        total += self._free_slots(prio) / self._service.get(1.0)
+        # finished: an idle gateway has room now, not in a minute; at least 10 ms)
+        total += self._free_slots(prio) / max(0.01, self._service.get(1.0))
         rate = total
         excess = 0.0
         age = 0.0
@@ -697,6 +716,9 @@ class Controller:
         alarm = self._next_alarm()
         if alarm is not None and (at is None or alarm < at):
             at = alarm
+        hold = self._dispatcher.hold_ends_at
+        if hold is not None and (at is None or hold < at):
+            at = hold  # a large request stops holding the others back then
         return at
 
     def _next_alarm(self) -> float | None:
@@ -825,11 +847,16 @@ class Controller:
         finished[key] = finished.get(key, 0) + 1
         if outcome is Outcome.OK:
             self._cost.observe(
-                rec.tenant, rec.model, rec.info.prompt_tokens, prompt_tokens, completion_tokens
+                rec.tenant,
+                rec.model,
+                rec.info.prompt_tokens,
+                prompt_tokens,
+                completion_tokens,
+                rec.info.sequences,
             )
-        if prompt_tokens is not None or completion_tokens is not None:
-            used = (prompt_tokens or 0) + (completion_tokens or 0)
-            self._quotas.settle(rec.tenant, used - rec.quota_tokens, now)
+        delta = settlement(rec.quota_tokens, outcome, prompt_tokens, completion_tokens)
+        if delta:
+            self._quotas.settle(rec.tenant, delta, now)
         self._quotas.release(rec.tenant, now)
         if outcome is Outcome.CANCELLED:
             self._dispatcher.refresh(b)
@@ -969,6 +996,7 @@ class Controller:
         self._ledger.horizon_s = policy.pressure.max_retry_after
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
+        d.hold_for_large_s = policy.dispatcher.hold_for_large
         d.set_reserved(policy.dispatcher.reserved.p0)
         for b in d.backends.values():
             if hasattr(b.limiter, "usable_share"):

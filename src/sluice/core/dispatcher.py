@@ -12,6 +12,14 @@ Rules (docs/overload.md):
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
     `aging_every` slots freed under a P0 flood; P2 has no aging (it is shed first).
   * Within a class, the class queue's deficit round robin picks the request.
+  * Large requests: one whose estimated footprint exceeds the KV budget (the class's share
+    of it) of every healthy backend serving its model can only go to an empty backend.
+    At the head of its class it holds the others back (its class, and lower classes on
+    its model's backends) while a backend drains for it, for at most `hold_for_large_s`
+    (policy `dispatcher.holdForLarge`, 2 s); then it is parked: still queued until its
+    timeout, placed whenever a backend serving its model is empty, holding nobody back.
+    (One whose prompt exceeds every such backend's whole KV cache never gets this far:
+    the controller refuses it at arrival, `never_fits`.)
   * Backend choice: among healthy backends serving the model with a free slot for the
     class and room in their KV budget, the one with the fewest requests in flight; ties
     go to the fewest estimated tokens in flight, then to the name. A backend with nothing
@@ -38,13 +46,21 @@ def low_cap(limit: int, reserved_p0: float) -> int:
 
 class Dispatcher:
     def __init__(
-        self, *, reserved_p0: float = 0.2, aging_after_s: float = 10.0, aging_every: int = 5
+        self,
+        *,
+        reserved_p0: float = 0.2,
+        aging_after_s: float = 10.0,
+        aging_every: int = 5,
+        hold_for_large_s: float = 2.0,
     ) -> None:
         if aging_every < 1:
             raise ValueError("aging_every must be at least 1")
         self.reserved_p0 = reserved_p0
         self.aging_after_s = aging_after_s
         self.aging_every = aging_every
+        self.hold_for_large_s = hold_for_large_s
+        # the earliest time a large request holding the others back stops (last pass)
+        self.hold_ends_at: float | None = None
         self.backends: dict[str, BackendState] = {}
         self._open_all: dict[str, BackendState] = {}
         self._open_low: dict[str, BackendState] = {}
@@ -94,6 +110,49 @@ class Dispatcher:
     def serves(self, model: str) -> bool:
         """Some healthy backend serves this model."""
         return self._any_model or model in self._served_models
+
+    def never_fits(self, model: str, prompt_tokens: float) -> bool:
+        """The prompt is larger than the whole KV cache of every backend (healthy or not)
+        serving the model, all of whose sizes are known: it can never run anywhere."""
+        largest = None
+        for b in self.backends.values():
+            if b.models and model not in b.models:
+                continue
+            cap = b.kv_capacity
+            if cap is None:
+                return False
+            if largest is None or cap > largest:
+                largest = cap
+        return largest is not None and prompt_tokens > largest
+
+    def _needs_empty(self, rec: RequestRecord, full_rights: bool) -> bool:
+        """Too large for the KV budget of every healthy backend serving its model: it
+        fits only a backend with nothing in flight."""
+        share = 1.0 if full_rights else 1.0 - self.reserved_p0
+        model = rec.model
+        found = False
+        for b in self.backends.values():
+            if not b.healthy or b.removed or (b.models and model not in b.models):
+                continue
+            budget = b.kv_budget
+            if budget is None or rec.cost <= budget * share:
+                return False
+            found = True
+        return found
+
+    def _held_long_enough(self, rec: RequestRecord, full_rights: bool, now: float) -> bool:
+        """A head that could not be placed: whether it is a large request that has held
+        the others back for `hold_for_large_s` (then it is parked); else it holds them."""
+        if not self._needs_empty(rec, full_rights):
+            return False
+        if rec.held_since is None:
+            rec.held_since = now
+        end = rec.held_since + self.hold_for_large_s
+        if now >= end:
+            return True
+        if self.hold_ends_at is None or end < self.hold_ends_at:
+            self.hold_ends_at = end
+        return False
 
     def refresh(self, b: BackendState) -> None:
         """Re-read the limiter and update the free-slot sets."""
@@ -215,6 +274,19 @@ class Dispatcher:
             self.assign(rec, b, now)
         return b
 
+    def _place_parked(
+        self, q: ClassQueue, full_rights: bool, blocked: set[str], now: float
+    ) -> tuple[RequestRecord, BackendState] | None:
+        """The first parked request of the class that a backend can take now (an empty
+        one, for a large request), placed."""
+        for rec in q.parked.values():
+            b = self.place(rec, full_rights, blocked)
+            if b is not None:
+                q.remove(rec.request_id)
+                self.assign(rec, b, now)
+                return rec, b
+        return None
+
     def dispatch(
         self,
         queues: Sequence[ClassQueue],
@@ -225,6 +297,7 @@ class Dispatcher:
         placed: list[tuple[RequestRecord, BackendState]] = []
         dropped: list[RequestRecord] = []
         q0, q1 = queues[0], queues[1]
+        self.hold_ends_at = None
         while self._open_all:
             aged = False
             if q1.by_arrival and q0.by_arrival:
@@ -238,6 +311,11 @@ class Dispatcher:
             for q in (q1, q0, queues[2]) if guard else queues:
                 if not q.by_arrival:
                     continue
+                full = q.priority == 0 or (guard and q is q1)
+                if q.parked and (b := self._place_parked(q, full, blocked, now)) is not None:
+                    placed.append(b)
+                    progress = True
+                    break
                 rec = q.peek()
                 if rec is None:
                     continue
@@ -246,10 +324,13 @@ class Dispatcher:
                     dropped.append(rec)
                     progress = True
                     break
-                full = q.priority == 0 or (guard and q is q1)
                 b = self.place(rec, full, blocked)
                 if b is None:
                     if not (guard and q is q1):  # a failed aged turn does not block P0
+                        if self._held_long_enough(rec, full, now):
+                            q.park(rec)  # the next request of its class gets its turn
+                            progress = True
+                            break
                         blocked.add(rec.model)
                     continue
                 q.pop()

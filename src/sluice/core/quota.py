@@ -3,6 +3,8 @@
 The interface (`TenantQuotas`) is small so that a Redis-backed store, shared by several
 gateway replicas, can replace the in-process one later:
 
+    charge_for(tenant, tokens) -> int               what a request of this estimate is
+                                                    charged (at most a full bucket)
     acquire(tenant, tokens, now) -> QuotaDecision   check and, when ok, charge at once
     refund(tenant, tokens, now)                     the request never ran: give back its
                                                     request, its tokens and its slot
@@ -11,9 +13,12 @@ gateway replicas, can replace the in-process one later:
 
 `InProcessQuotas` keeps one token bucket per limit: capacity = the per-minute amount,
 refilled continuously at amount/60 per second (a minute's worth may come in a burst).
-A request needs 1 request-token and `min(tokens, capacity)` tokens (a request larger
-than a whole minute's quota waits for a full bucket, then runs and leaves the bucket in
-debt). maxConcurrency counts admitted requests that have not left (queued or in flight).
+A request is charged 1 request-token and its estimated tokens, at most a full bucket
+(`capped_charge`: an estimate of millions, from a client's `max_tokens`, must not lock
+its tenant out for ages); when it ends the charge becomes what it used (`settlement`).
+No bucket falls below minus its capacity, so whatever a backend reports, a tenant is
+never more than a minute in debt. maxConcurrency counts admitted requests that have not
+left (queued or in flight).
 The retry-after of a refusal is the time the buckets need to refill what is missing
 (for maxConcurrency, which has no window: `concurrency_retry_s`).
 
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sluice.config import Tenant
+from sluice.core.types import Outcome
 
 
 @dataclass(slots=True)  # one per request: not frozen (5x cheaper to make)
@@ -72,7 +78,33 @@ def refilled(level: float, per_minute: float, elapsed_s: float) -> float:
     return min(float(per_minute), level + max(0.0, elapsed_s) * per_minute / 60.0)
 
 
+def capped_charge(tokens: int, per_minute: int | float) -> int:
+    """What a request estimated at `tokens` is charged against a bucket of `per_minute`
+    (0: no token quota): at most the whole bucket."""
+    if per_minute > 0 and tokens > per_minute:
+        return max(1, int(per_minute))
+    return tokens
+
+
+_NOTHING_BILLED = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
+
+
+def settlement(
+    charged: int, outcome: Outcome, prompt_tokens: int | None, completion_tokens: int | None
+) -> int:
+    """Tokens to add to a finished request's charge (negative: to give back). The one rule
+    for every tenant quota, local or shared: with reported usage the charge becomes the
+    usage; without it, a request that completed or was cancelled keeps its estimate, one
+    the backend refused or failed (4xx, 5xx, overloaded, timed out) is charged nothing."""
+    if prompt_tokens is not None or completion_tokens is not None:
+        return (prompt_tokens or 0) + (completion_tokens or 0) - charged
+    if outcome is Outcome.CLIENT_ERROR or outcome in _NOTHING_BILLED:
+        return -charged
+    return 0
+
+
 class TenantQuotas(Protocol):
+    def charge_for(self, tenant: str, tokens: int) -> int: ...
     def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None: ...
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision: ...
     def refund(self, tenant: str, tokens: int, now: float) -> None: ...
@@ -170,6 +202,17 @@ class InProcessQuotas:
             self._apply(st, tenant, now)
         return st
 
+    def charge_for(self, tenant: str, tokens: int) -> int:
+        st = self._state.get(tenant)
+        if st is None:
+            t = self._limits.get(tenant)
+            if t is None:
+                return tokens
+            cap = t.tokens_per_minute * self._fractions.get(tenant, 1.0)
+        else:
+            cap = st.tokens.capacity if st.tokens is not None else 0.0
+        return capped_charge(tokens, cap)
+
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision:
         st = self._get(tenant, now)
         if st.max_concurrency and st.open >= st.max_concurrency:
@@ -186,7 +229,7 @@ class InProcessQuotas:
         if st.requests is not None:
             st.requests.level -= 1.0
         if st.tokens is not None:
-            st.tokens.level -= tokens
+            st.tokens.level -= min(float(tokens), st.tokens.capacity)
         st.open += 1
         return ADMITTED
 
@@ -203,8 +246,9 @@ class InProcessQuotas:
     def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
         st = self._get(tenant, now)
         if st.tokens is not None and delta_tokens:
-            st.tokens.refill(now)
-            st.tokens.level = min(st.tokens.capacity, st.tokens.level - delta_tokens)
+            bucket = st.tokens
+            bucket.refill(now)
+            bucket.level = max(-bucket.capacity, min(bucket.capacity, bucket.level - delta_tokens))
 
     def release(self, tenant: str, now: float) -> None:
         st = self._state.get(tenant)

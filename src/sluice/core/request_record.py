@@ -28,6 +28,7 @@ class RequestRecord:
         "enqueued_at",
         "expected_output",
         "first_token_at",
+        "held_since",
         "inflight_at_send",
         "info",
         "model",
@@ -77,3 +78,5 @@ class RequestRecord:
         self.prefill_ahead = 0.0
         self.returning = False  # it came back in its booked return slot
         self.refused_at: float | None = None  # ... booked by this refusal (its time)
+        # when, at the head of its class, it first waited for a backend to empty for it
+        self.held_since: float | None = None

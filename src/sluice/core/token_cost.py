@@ -1,11 +1,12 @@
 """Token-aware cost: a request's estimated KV footprint in tokens.
 
-    footprint = ceil(prompt + output)
+    footprint = ceil(prompt + sequences * output)
     prompt    = the shell's estimate from the text * ratio[model], where ratio is an EWMA
                 of usage.prompt_tokens / estimate reported by the backends (1 until known)
     output    = min(max_tokens, mean[tenant, model]) where mean is an EWMA of the
                 completion tokens of that tenant's finished requests on that model; until
-                one is known, first_output_fraction * max_tokens
+                one is known, first_output_fraction * max_tokens (per sequence: a
+                request with n = 4 runs four; usage reports their sum, learned per one)
 
 The footprint is what the fair queues charge (deficit round robin on tokens) and what the
 KV budget of a backend counts.
@@ -58,9 +59,12 @@ class TokenCostModel:
             return self.first_output_fraction * max_tokens
         return min(float(max_tokens), e.value)
 
-    def footprint(self, tenant: str, model: str, prompt_estimate: int, max_tokens: int) -> int:
+    def footprint(
+        self, tenant: str, model: str, prompt_estimate: int, max_tokens: int, sequences: int = 1
+    ) -> int:
         prompt = self.prompt_tokens(model, prompt_estimate)
-        return max(1, math.ceil(prompt + self.expected_output(tenant, model, max_tokens)))
+        output = self.expected_output(tenant, model, max_tokens)
+        return max(1, math.ceil(prompt + max(1, sequences) * output))
 
     def observe(
         self,
@@ -69,6 +73,7 @@ class TokenCostModel:
         prompt_estimate: int,
         prompt_tokens: int | None,
         completion_tokens: int | None,
+        sequences: int = 1,
     ) -> None:
         """Learn from a finished request's reported usage (None = not reported)."""
         if prompt_tokens is not None and prompt_tokens > 0 and prompt_estimate > 0:
@@ -82,7 +87,7 @@ class TokenCostModel:
             e = self._output_mean.get(key)
             if e is None:
                 e = self._output_mean[key] = Ewma(self.alpha)
-            e.update(float(completion_tokens))
+            e.update(completion_tokens / max(1, sequences))
 
     def note_admitted(self, model: str, footprint: float) -> None:
         """A request of this footprint was admitted (it will be dispatched)."""

@@ -22,6 +22,9 @@ class RejectCode(StrEnum):
     CANNOT_SERVE_IN_TIME = "cannot_serve_in_time"
     # No healthy backend serves the model (answered 503, not 429).
     NO_BACKEND = "no_backend"
+    # The prompt is larger than the KV cache of every backend serving the model: it can
+    # never run anywhere (answered 400, not retried).
+    TOO_LARGE = "context_length_exceeded"
 
 
 @dataclass(slots=True)
@@ -34,6 +37,9 @@ class RequestInfo:
     model: str
     prompt_tokens: int  # the shell's estimate from the request text
     max_tokens: int  # what the request may generate at most (policy default when unset)
+    # Sequences the engine runs for it (n, best_of, a list of prompts): each generates up
+    # to max_tokens; the prompt estimate covers all of their prompts.
+    sequences: int = 1
     weight: float = 1.0  # the tenant's share within its class
     # Absolute time (core clock) after which the client will not wait; None = no deadline.
     client_deadline: float | None = None

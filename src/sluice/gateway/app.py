@@ -21,18 +21,18 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sluice.config import Backend, Feature, Policy
+from sluice.config import Backend, Feature, Policy, policy_secrets
 from sluice.core.circuit_breaker import CircuitBreaker
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
 from sluice.core.types import Outcome, RejectCode, Rejection, RequestInfo
 from sluice.gateway.auth import KeyRing
-from sluice.gateway.backend_pool import BackendPool
+from sluice.gateway.backend_pool import BackendPool, ModelLookup
 from sluice.gateway.dispatch_bridge import DispatchBridge
-from sluice.gateway.errors import error_response, reject_response
+from sluice.gateway.errors import error_response, error_shape_middleware, reject_response
 from sluice.gateway.fallback import static_fallback
 from sluice.gateway.features import Features
-from sluice.gateway.logs import ACCESS_LOG, access
+from sluice.gateway.logs import ACCESS_LOG, REDACTOR, access
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay, RelayContext, RelayResult
 from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
@@ -93,9 +93,12 @@ class Gateway:
         )
         self.tokens = BookingTokens(booking_secret(policy.retry_after.secret_env), self.clock.now)
         self.keyring = KeyRing(policy)
+        REDACTOR.set_secrets(policy_secrets(policy))
         self.telemetry.watch_state(self.state)
         self.bridge = DispatchBridge(self.controller, self.clock)
-        self.features = Features(policy, self.clock, self.telemetry.breaker_changed)
+        self.features = Features(
+            policy, self.clock, self.telemetry.breaker_changed, self.telemetry.breaker_removed
+        )
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}"
         self.session: aiohttp.ClientSession | None = None
@@ -141,7 +144,10 @@ class Gateway:
         self._flusher = asyncio.create_task(self._flush_access_log(), name="access-log")
         if self.policy_path is not None:
             self.watcher = PolicyWatcher(
-                self.policy_path, self.apply_policy, self.telemetry.policy_reloaded
+                self.policy_path,
+                self.apply_policy,
+                self.telemetry.policy_reloaded,
+                current=lambda: self.policy,
             )
             self.watcher.start()
         # Everything loaded so far lives as long as the process: keep it out of the
@@ -154,10 +160,12 @@ class Gateway:
         once; queued and in-flight requests carry on."""
         if self._backends_override:
             policy = policy.model_copy(update={"backends": self._backends_override})
+        keyring = KeyRing(policy)  # what can fail comes before anything changes
+        REDACTOR.set_secrets(policy_secrets(policy))
         self.policy = policy
         self.controller.apply_policy(policy)
-        self.keyring = KeyRing(policy)
-        self.features = Features(policy, self.clock, self.telemetry.breaker_changed)
+        self.keyring = keyring
+        self.features.apply(policy)  # breakers keep their state
         if self.pool is not None:
             self.pool.set_backends(list(policy.backends))
             self.pool.set_scraper(policy.scraper)
@@ -195,6 +203,7 @@ class Gateway:
             web.post("/v1/completions", self.completions),
             web.get("/v1/models", self.models),
             web.get("/metrics", self.metrics),
+            web.get("/health", self.health),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/dashboard", self.dashboard),
@@ -226,6 +235,17 @@ class Gateway:
             body=self.telemetry.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
+    async def health(self, _request: web.Request) -> web.Response:
+        """As the engines' own /health (vLLM, SGLang, TGI): 200 with an empty body while
+        the gateway can serve (a healthy backend, not shutting down), else 503; load
+        tools (guidellm) check it before a run."""
+        assert self.pool is not None
+        if self.draining or not any(h.healthy for h in self.pool.backends.values()):
+            return error_response(
+                503, "No healthy backend, or shutting down.", "unavailable", {"Retry-After": "1"}
+            )
+        return web.Response(status=200)
+
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
@@ -241,12 +261,18 @@ class Gateway:
             STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-cache"}
         )
 
-    async def dashboard_state(self, _request: web.Request) -> web.Response:
+    async def dashboard_state(self, request: web.Request) -> web.Response:
         """What the dashboard draws: the controller's snapshot plus cumulative counters
-        (the page turns them into rates from one poll to the next)."""
+        (the page turns them into rates from one poll to the next). Without the admin key
+        it names no tenant and no backend unless `expose.dashboard` is `full`."""
+        snapshot = self.controller.snapshot()
+        full = self.policy.expose.dashboard == "full"
+        if not full:
+            key = KeyRing.bearer(request.headers.get("Authorization"))
+            full = key is not None and self.keyring.is_admin(key)
         body = {
             "t": self.clock.now(),
-            "controller": self.controller.snapshot(),
+            "controller": snapshot if full else anonymous_snapshot(snapshot),
             "counters": self.telemetry.counters(),
         }
         return web.Response(
@@ -385,7 +411,10 @@ class Gateway:
             return error_response(400, str(exc), "invalid_request", headers)
 
         assert self.pool is not None and self.relay is not None
-        if not self.pool.serves(parsed.model):
+        lookup = self.pool.lookup(parsed.model)
+        if lookup is not ModelLookup.SERVED:
+            if lookup is ModelLookup.NOT_YET_KNOWN:  # a backend that is down may serve it
+                return self._rejected(priority, RejectCode.NO_BACKEND, 2.0, headers, None)
             return error_response(
                 404, f"The model `{parsed.model}` does not exist.", "model_not_found", headers
             )
@@ -415,9 +444,19 @@ class Gateway:
         queued_total = 0.0
         ticket = None
         if self.quota_gate is not None and self.quota_gate.limits(tenant.name):
-            ticket = await self.quota_gate.acquire(
-                tenant.name, parsed.prompt_tokens_est + (parsed.max_tokens or DEFAULT_MAX_TOKENS)
+            # charged as the core charges the local quotas (one rule: Controller.cost_of)
+            cost = self.controller.cost_of(
+                RequestInfo(
+                    request_id=base_id,
+                    tenant=tenant.name,
+                    priority=priority,
+                    model=parsed.model,
+                    prompt_tokens=parsed.prompt_tokens_est,
+                    max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
+                    sequences=parsed.sequences,
+                )
             )
+            ticket = await self.quota_gate.acquire(tenant.name, cost)
             if not ticket.ok:
                 fields["outcome"] = RejectCode.TENANT_QUOTA.value
                 return self._rejected(
@@ -445,6 +484,7 @@ class Gateway:
                 model=parsed.model,
                 prompt_tokens=parsed.prompt_tokens_est,
                 max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
+                sequences=parsed.sequences,
                 weight=tenant.weight,
                 client_deadline=patience,
                 feature=feature_name,
@@ -488,7 +528,8 @@ class Gateway:
                     decision.retry_window_s,
                 )
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
-            headers["X-Sluice-Backend"] = decision.backend
+            if self.policy.expose.backend_names:
+                headers["X-Sluice-Backend"] = decision.backend
             fields.update(backend=decision.backend, attempt=attempt + 1)
             fields["outcome"] = "cancelled"  # until the relay says otherwise
             if ticket is not None:
@@ -506,7 +547,7 @@ class Gateway:
                 deadline,
             )
             if ticket is not None:
-                ticket.used(result.prompt_tokens, result.completion_tokens)
+                ticket.finished(result.outcome, result.prompt_tokens, result.completion_tokens)
             if breaker is not None:
                 if result.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
                     breaker.record_failure()
@@ -560,6 +601,7 @@ class Gateway:
             started=started,
             deadline=deadline,
             default_timeout=self.policy.server.upstream_timeout,
+            error_details=self.policy.expose.error_details,
         )
         try:
             # only a stream's first token is seen (relayed whole, an answer has none)
@@ -649,6 +691,7 @@ class Gateway:
             include_usage=parsed.include_usage,
             max_tokens=parsed.max_tokens,
             prompt_tokens_est=parsed.prompt_tokens_est,
+            sequences=parsed.sequences,
         )
         ctx = RelayContext(
             request=request,
@@ -663,6 +706,7 @@ class Gateway:
             started=started,
             deadline=None,
             default_timeout=self.policy.server.upstream_timeout,
+            error_details=self.policy.expose.error_details,
         )
         result = await self.relay.forward(ctx, on_first_token=_no_first_token)
         return result.response
@@ -677,6 +721,21 @@ class Gateway:
 
 def _no_first_token() -> None:
     pass
+
+
+def anonymous_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The controller's snapshot for a client without the admin key: no tenant names
+    (their queue depths become a count of tenants queued), backends as "backend 1".."n"
+    without their models."""
+    classes = {}
+    for name, c in snapshot["classes"].items():
+        c = dict(c)
+        c["tenants_queued"] = {"tenants": len(c.get("tenants_queued") or {})}
+        classes[name] = c
+    backends = {}
+    for i, b in enumerate(snapshot["backends"].values(), 1):
+        backends[f"backend {i}"] = {k: v for k, v in b.items() if k not in ("models", "limiter")}
+    return {**snapshot, "classes": classes, "backends": backends}
 
 
 def _unauthorized() -> web.Response:
@@ -729,7 +788,10 @@ def create_app(
     backends_override: tuple[Backend, ...] | None = None,
 ) -> web.Application:
     gateway = Gateway(policy, policy_path, backends_override)
-    app = web.Application(client_max_size=policy.server.max_body_bytes)
+    # every error in OpenAI's shape, the router's 404 and 405 included (errors.py)
+    app = web.Application(
+        client_max_size=policy.server.max_body_bytes, middlewares=[error_shape_middleware]
+    )
     app[GATEWAY_KEY] = gateway
     app.add_routes(gateway.routes())
     app.on_startup.append(gateway.start)

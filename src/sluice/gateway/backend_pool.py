@@ -49,6 +49,14 @@ BACKEND_BREAKER = BreakerSettings(
 )
 
 
+class ModelLookup(Enum):
+    """Whether a model is served, as far as the gateway can know."""
+
+    SERVED = "served"  # a backend (healthy or not) lists it
+    NOT_YET_KNOWN = "not_yet_known"  # no backend lists it, but one's models are unknown
+    ABSENT = "absent"  # every backend's models are known, and none lists it
+
+
 class Probe(Enum):
     OK = "ok"
     FAILED = "failed"  # refused, reset, or an error status: counts against the backend
@@ -80,6 +88,7 @@ POST_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"
 class BackendHandle:
     spec: Backend
     models: set[str] = field(default_factory=set)
+    models_known: bool = False  # listed in the policy, or learned from the backend
     healthy: bool = False
     failures: int = 0
     metrics_ok: bool = False
@@ -151,6 +160,7 @@ class BackendPool:
             h.post_headers = {**POST_HEADERS, **h.auth_headers}
             if b.models:
                 h.models = set(b.models)
+                h.models_known = True
         self._controller.set_backends(list(self.backends))
         for h in self.backends.values():
             self._controller.set_backend_models(h.name, sorted(h.models))
@@ -165,9 +175,21 @@ class BackendPool:
         return {m for h in self.backends.values() for m in h.models}
 
     def serves(self, model: str) -> bool:
-        """Whether any backend (healthy or not) serves the model; an unknown model is a
-        404, a known model with no healthy backend is a 503."""
+        """Whether any backend (healthy or not) serves the model."""
         return any(model in h.models for h in self.backends.values())
+
+    def lookup(self, model: str) -> ModelLookup:
+        """A model no backend lists is absent (a 404) only if every backend's models are
+        known; while one has not told them yet (it was down when the gateway started,
+        and lists none in the policy), the model may be its: a 503 with Retry-After, as
+        for a known model whose backends are all down (the SDKs retry that, not a 404)."""
+        unknown = False
+        for h in self.backends.values():
+            if model in h.models:
+                return ModelLookup.SERVED
+            if not h.models_known:
+                unknown = True
+        return ModelLookup.NOT_YET_KNOWN if unknown else ModelLookup.ABSENT
 
     def handle(self, name: str) -> BackendHandle:
         return self.backends[name]
@@ -220,6 +242,7 @@ class BackendPool:
         if ok and (not h.models or refresh_models) and not h.spec.models:
             models = await self._fetch_models(h)
             if models is not None:
+                h.models_known = True
                 if models != h.models:
                     h.models = models
                     self._controller.set_backend_models(h.name, sorted(models))

@@ -1,14 +1,24 @@
-"""Answers in OpenAI's error shape: {"error": {"message", "type", "code"}}."""
+"""Answers in OpenAI's error shape: {"error": {"message", "type", "code"}}.
+
+Every error the gateway writes has it: the handlers' own (`error_response`), the
+router's 404 and 405 and anything a handler raises (`error_shape_middleware`), and what
+never reaches the app, the HTTP parser's 400s and the connection limit's 503
+(connections.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from sluice.core.types import RejectCode
 from sluice.gateway.returns import BOOKING_HEADER, WINDOW_HEADER
+
+log = logging.getLogger("sluice.gateway")
 
 # OpenAI's `type` for each HTTP status we answer.
 _TYPES = {
@@ -70,6 +80,8 @@ _REJECT_MESSAGES = {
     RejectCode.CANNOT_SERVE_IN_TIME: "The {queue} class has no room for this request before "
     "its deadline (X-Request-Timeout / X-Stainless-Timeout); the earliest room is in about "
     "{room} s. Retrying sooner will not help.",
+    RejectCode.TOO_LARGE: "The prompt is larger than the KV cache of every backend serving "
+    "this model: it can never be served as it is. Shorten it.",
 }
 
 
@@ -85,7 +97,10 @@ def reject_response(
     booked for it the token the client sends back and the window it should spread its
     return over (gateway/returns.py). `cannot_serve_in_time` has no Retry-After (none would
     be before the client's deadline) and says not to retry (`x-should-retry`, which the
-    openai and anthropic SDKs obey)."""
+    openai and anthropic SDKs obey); `too_large` is a 400 (the client's to fix)."""
+    if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
+        message = _REJECT_MESSAGES[code].format(queue=queue)
+        return error_response(400, message, code.value, headers)
     status = 503 if code is RejectCode.NO_BACKEND else 429
     if code is RejectCode.CANNOT_SERVE_IN_TIME:
         hdrs = {**headers, "x-should-retry": "false"}
@@ -97,3 +112,39 @@ def reject_response(
         hdrs[WINDOW_HEADER] = str(round(window_s * 1000))
     message = _REJECT_MESSAGES[code].format(queue=queue)
     return error_response(status, message, code.value, hdrs)
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_shape_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """aiohttp's own error answers (an unknown route, a wrong method, a body too large
+    for client_max_size, ...) and anything a handler raises, in OpenAI's shape. Unknown
+    routes are answered here, never forwarded."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # a redirect is not an error
+        return _http_error(request, exc)
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: nothing to answer
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return error_response(500, "The gateway failed to handle the request.", "internal_error")
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    route = f"{request.method} {request.path}"[:200]
+    if exc.status == 404:
+        message, code = f"Invalid URL ({route}).", "unknown_route"
+    elif exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        message, code = f"Method not allowed ({route}); allowed: {allowed}.", "method_not_allowed"
+    elif exc.status == 413:
+        message, code = "The body is too large.", "body_too_large"
+    else:
+        message, code = exc.reason or f"HTTP {exc.status}", None
+    headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+    return error_response(exc.status, message, code, headers)

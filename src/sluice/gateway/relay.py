@@ -3,14 +3,24 @@
 Streams are relayed event by event as they arrive (never buffered whole). A client that
 goes away closes the upstream connection at once, which makes vLLM abort the request and
 free its KV-cache blocks. An upstream failure after streaming began ends the stream with an
-error event the client can see, never a silent cut."""
+error event the client can see, never a silent cut.
+
+Whose fault: only what the backend did or failed to do counts against it (`backend_lost`,
+`Outcome.ERROR`). A client's hang-up, at any point (while its request is sent upstream,
+before the answer's head, between two events, or after `data: [DONE]` before the chunked
+terminator, as httpx and guidellm do), is the client's: every write to the client goes
+through `_ClientWriter`, which turns a failed write into the client's cancellation
+(or, once the whole answer was written, into nothing: the stream is complete).
+
+What a client is told of a failure names no internals unless `expose.errorDetails` says
+so: the kind of failure, not the backend's host:port nor the HTTP client's own words."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -43,6 +53,7 @@ class RelayContext:
     started: float  # time.monotonic() at arrival
     deadline: float | None  # time.monotonic() scale
     default_timeout: float
+    error_details: bool = False  # name the backend and the transport error to the client
 
 
 @dataclass(slots=True)
@@ -105,8 +116,13 @@ class Relay:
                 return await self._timed_out(ctx, state)
             kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnect"
             self._telemetry.upstream_errors.labels(ctx.backend.name, kind).inc()
+            plain = (
+                "The backend could not be reached."
+                if kind == "connect"
+                else "The backend closed the connection."
+            )
             result = await self._fail(
-                ctx, state, 502, f"The backend failed: {exc}", "upstream_error", Outcome.ERROR
+                ctx, state, 502, _detailed(ctx, plain, exc), "upstream_error", Outcome.ERROR
             )
             result.backend_lost = True
             return result
@@ -120,7 +136,7 @@ class Relay:
                 ctx,
                 state,
                 502,
-                f"The backend's answer broke off: {exc}",
+                _detailed(ctx, "The backend's answer broke off.", exc),
                 "upstream_error",
                 Outcome.ERROR,
             )
@@ -185,28 +201,20 @@ class Relay:
                         "Cache-Control": "no-cache",
                     },
                 )
-                await response.prepare(ctx.request)
+                await _client(state, response.prepare(ctx.request))
             if _USAGE_ONLY in chunk:
                 chunk, usage = _take_usage(chunk, ctx.strip_usage)
-            try:
-                await response.write(chunk)
-            except ConnectionResetError:
-                state.client_gone = True
-                raise asyncio.CancelledError from None
+            await _client(state, response.write(chunk))
         if response is None:
             raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
         if pending:
-            await self._write(state, pending)
-        await response.write_eof()
+            await _client(state, response.write(pending))
+        # Everything the backend sent has been written: a client that hangs up now (before
+        # the chunked terminator, as httpx and guidellm do after `data: [DONE]`) has its
+        # whole answer. Not a failure of anyone's.
+        with contextlib.suppress(*_CLIENT_GONE):
+            await response.write_eof()
         return RelayResult(response, Outcome.OK, *usage)
-
-    async def _write(self, state: _StreamState, data: bytes) -> None:
-        assert state.response is not None
-        try:
-            await state.response.write(data)
-        except ConnectionResetError:
-            state.client_gone = True
-            raise asyncio.CancelledError from None
 
     async def _backend_refused(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
         data = await up.read()
@@ -218,8 +226,9 @@ class Relay:
             # gateway's own key (backends[].apiKeyEnv), which no client can fix.
             self._telemetry.upstream_errors.labels(ctx.backend.name, "auth").inc()
             warn_credentials_refused(ctx.backend.name, up.status)
+            which = f"The backend {ctx.backend.name}" if ctx.error_details else "A backend"
             message = (
-                f"The backend {ctx.backend.name} refused the gateway's credentials "
+                f"{which} refused the gateway's credentials "
                 f"(HTTP {up.status}); its key is set with backends[].apiKeyEnv."
             )
             return RelayResult(
@@ -239,7 +248,10 @@ class Relay:
             )
             return RelayResult(response, Outcome.CLIENT_ERROR)
         self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
-        message = f"The backend answered HTTP {up.status}: {_error_message(data)}"
+        message = f"The backend answered HTTP {up.status}."
+        if ctx.error_details:
+            message = f"The backend {ctx.backend.name} answered HTTP {up.status}: "
+            message += _error_message(data)
         return RelayResult(
             error_response(502, message, "upstream_error", ctx.headers),
             Outcome.ERROR,
@@ -263,7 +275,7 @@ class Relay:
             )
         # Streaming already began: end the stream with an error event the client can see.
         event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+        with contextlib.suppress(*_CLIENT_GONE, asyncio.CancelledError):
             await state.response.write(event)
             await state.response.write_eof()
         return RelayResult(state.response, outcome)
@@ -277,9 +289,35 @@ class _StreamState:
 
 _WHOLE_ANSWER = _StreamState()  # never changed (see Relay.forward)
 
+# What a write to a client that went away raises: aiohttp's ClientConnectionResetError
+# (a ConnectionResetError) on a closing transport, another ConnectionError or OSError
+# from the socket, RuntimeError for a write after the connection was torn down.
+_CLIENT_GONE = (ConnectionError, OSError, RuntimeError)
+
+
+async def _client(state: _StreamState, write: Awaitable[object]) -> None:
+    """A write to the client. If the client went away, that is the client's hang-up:
+    raised as its cancellation (the handler's own, when aiohttp notices first), never as
+    an error that could count against the backend."""
+    try:
+        await write
+    except _CLIENT_GONE:
+        state.client_gone = True
+        raise asyncio.CancelledError from None
+
+
+def _detailed(ctx: RelayContext, plain: str, exc: BaseException) -> str:
+    """What the client is told of an upstream failure: the kind only, unless the policy
+    exposes details (backend name, transport error)."""
+    if not ctx.error_details:
+        return plain
+    return f"{plain[:-1]} (backend {ctx.backend.name}: {exc})."
+
 
 def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
-    message = f"The backend is overloaded ({detail}); retry shortly."
+    message = "The backend is overloaded; retry shortly."
+    if ctx.error_details:
+        message = f"The backend {ctx.backend.name} is overloaded ({detail}); retry shortly."
     headers = {**ctx.headers, **retry_after_headers(1.0)}
     return RelayResult(
         error_response(503, message, "backend_overloaded", headers),

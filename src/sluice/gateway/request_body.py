@@ -1,7 +1,17 @@
 """Reading what the gateway needs from an OpenAI request body, leaving the rest untouched.
 
 The body is forwarded as the client sent it (fields the gateway does not use pass through);
-it is only rewritten when the gateway must ask the backend for usage in a stream."""
+it is only rewritten when the gateway must ask the backend for usage in a stream.
+
+The cost estimate counts every field that becomes prompt tokens and every sequence the
+engine will run, since the KV budgets and the token quotas are only as good as it is:
+`chat_prompt_tokens` (messages with their content, names and tool calls; `tools`,
+`functions` and `documents`, which the chat template renders into the prompt),
+`completion_prompt_tokens` (`prompt` in any of its forms, `suffix`), and `sequences`
+(`n`, `best_of`, and for completions one per prompt of a list). Text is counted at
+`_CHARS_PER_TOKEN` characters a token (the core corrects it per model from the usage the
+backends report); a structured field at the length of its JSON. Each route's parser
+calls the ones that apply to it."""
 
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ class ParsedRequest:
     include_usage: bool  # the client asked for the usage chunk
     max_tokens: int | None
     prompt_tokens_est: int
+    sequences: int = 1  # each generates up to max_tokens (n, best_of, a list of prompts)
 
 
 def _text_tokens(text: str) -> int:
@@ -56,28 +67,70 @@ def _content_tokens(content: Any) -> int:
     raise BadRequest("a message's content must be a string or a list of parts")
 
 
-def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
-        total = 0
-        for m in messages:
-            if not isinstance(m, dict):
-                raise BadRequest("each message must be an object")
-            total += _TEMPLATE_TOKENS_PER_MESSAGE + _content_tokens(m.get("content"))
-        return total
+def json_tokens(value: Any) -> int:
+    """A structured field that becomes prompt text (a tool's JSON schema, tool calls)."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return _text_tokens(value)
+    try:
+        return _text_tokens(orjson.dumps(value).decode())
+    except TypeError:  # orjson refuses some values (ints over 64 bits): count the text
+        return _text_tokens(str(value))
+
+
+# Top-level chat fields a chat template renders into the prompt.
+_CHAT_PROMPT_FIELDS = ("tools", "functions", "documents")
+
+
+def chat_prompt_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens of a chat request: each message (the template's few tokens, its
+    content, and its other fields: name, tool calls, ...), plus the tools, functions and
+    documents the template renders."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            raise BadRequest("each message must be an object")
+        total += _TEMPLATE_TOKENS_PER_MESSAGE
+        for key, value in m.items():
+            if key == "content":
+                total += _content_tokens(value)
+            elif key != "role":
+                total += json_tokens(value)
+    for key in _CHAT_PROMPT_FIELDS:
+        total += json_tokens(body.get(key))
+    return total
+
+
+def completion_prompt_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens of a completions request: every prompt of it, and its `suffix`."""
     prompt = body.get("prompt")
+    suffix = body.get("suffix")
+    extra = _text_tokens(suffix) if isinstance(suffix, str) else 0
     if isinstance(prompt, str):
-        return max(1, _text_tokens(prompt))
+        return max(1, _text_tokens(prompt)) + extra
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(_text_tokens(p) for p in prompt)
+            return sum(_text_tokens(p) for p in prompt) + extra
         if all(isinstance(p, int) for p in prompt):  # token ids
-            return len(prompt)
+            return len(prompt) + extra
         if all(isinstance(p, list) for p in prompt):
-            return sum(len(p) for p in prompt)
+            return sum(len(p) for p in prompt) + extra
     raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def sequences(body: dict[str, Any], chat: bool) -> int:
+    """The sequences the engine runs for the request, each up to max_tokens: the larger of
+    `n` and `best_of`, times the prompts of a completions list."""
+    per_prompt = max(_int_field(body, "n") or 1, _int_field(body, "best_of") or 1)
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            per_prompt *= len(prompt)  # a list of prompts (or of token-id lists)
+    return per_prompt
 
 
 def _int_field(body: dict[str, Any], name: str) -> int | None:
@@ -113,7 +166,8 @@ def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens,
-        prompt_tokens_est=_prompt_tokens(body, chat),
+        prompt_tokens_est=chat_prompt_tokens(body) if chat else completion_prompt_tokens(body),
+        sequences=sequences(body, chat),
     )
 
 

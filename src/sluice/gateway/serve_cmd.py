@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from importlib import resources
@@ -18,10 +19,12 @@ from sluice.config import (
     ConfigError,
     Policy,
     load_policy,
+    lockout_errors,
     missing_environment,
     parse_policy,
 )
 from sluice.gateway.app import GATEWAY_KEY, create_app
+from sluice.gateway.connections import GatewayRunner
 from sluice.gateway.logs import setup_logging
 from sluice.gateway.slow_clients import HeadSweep
 
@@ -92,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format, access=not args.no_access_log)
     try:
         policy = load_policy(args.config) if args.config else default_policy()
-        if missing := missing_environment(policy):
-            raise ConfigError(args.config or "built-in policy", missing)
+        if problems := missing_environment(policy) + lockout_errors(policy):
+            raise ConfigError(args.config or "built-in policy", problems)
     except ConfigError as exc:
         print(f"{exc.source}: invalid policy", file=sys.stderr)
         for line in exc.errors:
@@ -113,6 +116,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+# File descriptors a process needs besides its client connections: upstream connections,
+# Redis, the policy file, logs.
+FD_RESERVE = 1024
+
+
+def _check_descriptors(max_connections: int) -> None:
+    """Raise the open-file limit as far as allowed, and say so if server.maxConnections
+    plus what the gateway needs besides cannot fit in it (it would fail on accept())."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "the open-file limit (%d) is below server.maxConnections (%d) + %d for upstream "
+            "connections: lower maxConnections or raise the limit (ulimit -n)",
+            soft,
+            max_connections,
+            FD_RESERVE,
+        )
 
 
 class ListenError(Exception):
@@ -140,8 +170,12 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
                 )
     app = create_app(policy, args.config, override or None)
     gateway = app[GATEWAY_KEY]
-    runner = web.AppRunner(
+    _check_descriptors(policy.server.max_connections)
+    runner = GatewayRunner(
         app,
+        max_connections=lambda: gateway.policy.server.max_connections,
+        on_malformed=gateway.telemetry.malformed_request,
+        on_refused=gateway.telemetry.connections_refused.inc,
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=policy.server.shutdown_grace,

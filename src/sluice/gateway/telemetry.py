@@ -118,6 +118,19 @@ class Telemetry:
             "server.headerTimeout",
             registry=r,
         )
+        self.malformed = Counter(
+            "sluice_malformed_requests",
+            "Requests the HTTP parser refused (bad request line or header, smuggling), "
+            "answered without reaching a route, by status",
+            ["status"],
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "sluice_connections_refused",
+            "Client connections answered 503 too_many_connections and closed: the process "
+            "held server.maxConnections already",
+            registry=r,
+        )
         self.fallbacks = Counter(
             "sluice_fallbacks",
             "Requests answered with a feature's fallback",
@@ -235,6 +248,14 @@ class Telemetry:
         value = {"open": 1.0, "half_open": 0.5}.get(state, 0.0)
         self.breaker_open.labels(kind, name).set(value)
         self.breaker_transitions.labels(kind, name, state).inc()
+
+    def malformed_request(self, status: int) -> None:
+        self.malformed.labels(str(status)).inc()
+
+    def breaker_removed(self, breaker: str) -> None:
+        """A reload removed the breaker's feature: it refuses nothing any more."""
+        kind, _, name = breaker.partition(":")
+        self.breaker_open.labels(kind, name).set(0.0)
 
     def set_quota_mode(self, mode: str) -> None:
         for m in QUOTA_MODES:

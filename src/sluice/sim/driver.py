@@ -13,7 +13,14 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest, StepResult, TokenEvent
+from sluice.sim.engine import (
+    FINISH_ABORT,
+    FINISH_STOP,
+    Engine,
+    EngineRequest,
+    StepResult,
+    TokenEvent,
+)
 
 MAX_LAG_S = 0.02
 
@@ -49,6 +56,11 @@ class RequestHandle:
 
     def on_abort(self) -> None:
         self.finish_reason = FINISH_ABORT
+        self._wake()
+
+    def on_pooled(self) -> None:
+        """A prefill-only request is done: its prompt is computed, no token comes."""
+        self.finish_reason = FINISH_STOP
         self._wake()
 
     def _wake(self) -> None:
@@ -143,3 +155,7 @@ class EngineDriver:
                 handle = handles.pop(stats.request_id, None)
                 if handle is not None:
                     handle.on_abort()
+            elif stats.pooling:
+                handle = handles.pop(stats.request_id, None)
+                if handle is not None:
+                    handle.on_pooled()

@@ -31,6 +31,12 @@ Scheduling follows vLLM V1's `Scheduler.schedule()`:
 A request that finishes computing all its known tokens samples one new token; it
 finishes when it has produced `output_tokens` tokens (finish reason "length" when that
 is `max_tokens`, "stop" otherwise); its blocks are freed at the end of the step.
+
+A pooling request (embeddings, rerank, score, classify: `make_pooling_request`) holds
+blocks only for its prompt and finishes, with finish reason "stop" and no output token,
+at the end of the step that computes the last of its prompt. vLLM V1 does the same
+(vllm/v1/request.py: `max_tokens = 1` for pooling; vllm/v1/core/sched/scheduler.py,
+`update_from_output`: "Pooling stops as soon as there is output", FINISHED_STOPPED).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class EngineRequest:
     max_tokens: int
     # the number of tokens it will produce: max_tokens under ignore_eos, else a draw
     output_tokens: int
+    # prefill only: finishes when its prompt is computed, producing no token
+    pooling: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -92,6 +100,7 @@ class RequestStats:
     first_token: float | None
     last_token: float | None
     finished: float
+    pooling: bool = False  # a prefill-only request: first_token is when its prompt was done
 
     @property
     def e2e(self) -> float:
@@ -247,9 +256,18 @@ class Engine:
             )
         return EngineRequest(request_id, prompt_tokens, max_tokens, output)
 
-    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+    def make_pooling_request(self, request_id: str, prompt_tokens: int) -> EngineRequest:
+        """A prefill-only request (embeddings, rerank, score, classify)."""
+        return EngineRequest(request_id, prompt_tokens, 1, 1, pooling=True)
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int, *, pooling: bool = False) -> None:
         """Raise ValueError if a request of this size can never run on this engine."""
         limit = self.profile.max_model_len
+        if pooling:
+            # vLLM's pooling requests may fill the context: max_output_tokens is 0
+            if prompt_tokens > limit:
+                raise ValueError(f"prompt_tokens = {prompt_tokens} exceeds max_model_len {limit}")
+            return
         if prompt_tokens + max_tokens > limit:
             raise ValueError(
                 f"prompt_tokens + max_tokens = {prompt_tokens + max_tokens} exceeds "
@@ -259,7 +277,7 @@ class Engine:
     def submit(self, req: EngineRequest, now: float) -> None:
         if req.request_id in self._seqs:
             raise ValueError(f"duplicate request id {req.request_id!r}")
-        self.check_fits(req.prompt_tokens, req.max_tokens)
+        self.check_fits(req.prompt_tokens, req.max_tokens, pooling=req.pooling)
         seq = _Seq(req, now)
         self._seqs[req.request_id] = seq
         self._waiting.append(seq)
@@ -368,6 +386,13 @@ class Engine:
             seq.computed += n
             if seq.computed < seq.num_tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
+            if seq.req.pooling:
+                # its output is the pooled prompt: done, with no token and no decode
+                seq.first_token = seq.last_token = end
+                prompt_tokens += seq.req.prompt_tokens
+                self._finish(seq, FINISH_STOP, end, finished)
+                any_done = True
+                continue
             index = seq.generated
             seq.generated = index + 1
             seq.num_tokens += 1
@@ -446,6 +471,7 @@ class Engine:
                 first_token=seq.first_token,
                 last_token=seq.last_token,
                 finished=now,
+                pooling=req.pooling,
             )
         )
 

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sluice.sim.engine import FINISH_REASONS, Engine, StepResult
+from sluice.sim.engine import FINISH_REASONS, Engine, RequestStats, StepResult
 
 # vLLM V1 (vllm/v1/metrics/loggers.py) buckets
 TTFT_BUCKETS = (
@@ -160,6 +160,9 @@ class SimMetrics(Collector):
             else:
                 itl.observe(event.latency)
         for s in result.finished:
+            if s.pooling:
+                self._observe_pooled(s)
+                continue
             self._e2e.observe(s.e2e)
             self._queue.observe(s.queue_time)
             self._inference.observe(s.inference_time)
@@ -171,6 +174,22 @@ class SimMetrics(Collector):
             tpot = s.time_per_output_token
             if tpot is not None:
                 self._tpot.observe(tpot)
+
+    def _observe_pooled(self, s: RequestStats) -> None:
+        """A prefill-only request, as vLLM V1 counts one (vllm/v1/metrics/stats.py,
+        `IterationStats`; vllm/v1/engine/output_processor.py): its first output is a
+        first token for TTFT, it generated 0 tokens, it has no max_tokens parameter (not
+        observed), and its mean time per output token is 0."""
+        if s.ttft is not None:
+            self._ttft.observe(s.ttft)
+        self._e2e.observe(s.e2e)
+        self._queue.observe(s.queue_time)
+        self._inference.observe(s.inference_time)
+        self._prefill.observe(s.prefill_time)
+        self._decode.observe(s.decode_time)
+        self._prompt_len.observe(s.prompt_tokens)
+        self._gen_len.observe(0)
+        self._tpot.observe(0.0)
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]

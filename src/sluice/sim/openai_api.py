@@ -8,6 +8,7 @@ import itertools
 import os
 import time
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,12 @@ def _completion_prompt_tokens(prompt: Any) -> int:
 
 
 def parse_request(
-    kind: str, raw: bytes, *, served_model: str, max_model_len: int
+    kind: str,
+    raw: bytes,
+    *,
+    served_model: str,
+    max_model_len: int,
+    adapters: Collection[str] = (),
 ) -> GenerationRequest:
     """Validate a request body the way vLLM does; raise ApiError on bad input."""
     try:
@@ -112,7 +118,7 @@ def parse_request(
         model = served_model
     elif not isinstance(model, str):
         raise bad_request("model must be a string", "model")
-    elif model != served_model:
+    elif model != served_model and model not in adapters:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
     if kind == CHAT:
@@ -197,9 +203,13 @@ def parse_request(
     )
 
 
-def new_request_id(kind: str) -> str:
-    prefix = "chatcmpl-" if kind == CHAT else "cmpl-"
+def new_id(prefix: str) -> str:
+    """`prefix` and 16 hex digits, like vLLM's `random_uuid()` ids; unique per process."""
     return f"{prefix}{_ID_PREFIX}{next(_ids):08x}"
+
+
+def new_request_id(kind: str) -> str:
+    return new_id("chatcmpl-" if kind == CHAT else "cmpl-")
 
 
 class ResponseFormatter:

@@ -3,7 +3,9 @@
 `create_sim_app(profile, seed=, speed=, model_name=)` returns an aiohttp Application that
 owns one engine, its real-time driver (started and stopped with the app) and its own
 Prometheus registry, so several can run in one process. Routes: POST /v1/chat/completions,
-POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics.
+POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics here, and the
+rest of vLLM's surface (responses, messages, pooling, tokenize, audio, batch, LoRA) from
+`sim.routes`.
 
 The application turns on aiohttp's handler cancellation: when a client disconnects, its
 handler is cancelled wherever it waits (queued or streaming) and the engine request is
@@ -21,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sluice.sim.driver import EngineDriver, RequestHandle
 from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
 from sluice.sim.metrics import SimMetrics
+from sluice.sim.model_registry import ModelRegistry
 from sluice.sim.openai_api import (
     CHAT,
     COMPLETION,
@@ -33,6 +36,9 @@ from sluice.sim.openai_api import (
     stream_error_chunk,
 )
 from sluice.sim.profiles import Profile
+from sluice.sim.routes import add_routes
+from sluice.sim.routes_lora import runtime_updates_by_env
+from sluice.sim.routes_responses import store_enabled_by_env
 
 DEFAULT_MODEL_NAME = "sluice-sim"
 SIM_VERSION = "sluice-sim"
@@ -46,9 +52,20 @@ _SSE_HEADERS = {
 class SimServer:
     """The state behind one simulator app: engine, driver, metrics, served model."""
 
-    def __init__(self, profile: Profile, *, seed: int, model_name: str) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        seed: int,
+        model_name: str,
+        lora_modules: dict[str, str] | None = None,
+        allow_lora_updating: bool = False,
+    ) -> None:
         self.profile = profile
         self.model_name = model_name
+        self.models_registry = ModelRegistry(model_name, allow_runtime_updates=allow_lora_updating)
+        for name, path in (lora_modules or {}).items():
+            self.models_registry.load(name, path)
         self.engine = Engine(profile, seed=seed)
         self.metrics = SimMetrics(self.engine, model_name)
         self.driver = EngineDriver(self.engine, on_step=self.metrics.observe_step)
@@ -74,14 +91,16 @@ class SimServer:
         raw = await request.read()
         try:
             g = parse_request(
-                kind, raw, served_model=self.model_name, max_model_len=self.profile.max_model_len
+                kind,
+                raw,
+                served_model=self.model_name,
+                max_model_len=self.profile.max_model_len,
+                adapters=self.models_registry.adapters,
             )
         except ApiError as err:
             return _json(err.body(), err.status)
         request_id = new_request_id(kind)
-        fmt = ResponseFormatter(
-            kind, request_id, self.model_name, g.prompt_tokens, sample_key=g.sample_key
-        )
+        fmt = ResponseFormatter(kind, request_id, g.model, g.prompt_tokens, sample_key=g.sample_key)
         engine_req = self.engine.make_request(
             request_id,
             g.prompt_tokens,
@@ -148,7 +167,8 @@ class SimServer:
             "max_model_len": self.profile.max_model_len,
             "permission": [],
         }
-        return _json(orjson.dumps({"object": "list", "data": [card]}), 200)
+        cards = [card, *self.models_registry.adapter_cards()]
+        return _json(orjson.dumps({"object": "list", "data": cards}), 200)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -192,9 +212,26 @@ def create_sim_app(
     seed: int = 0,
     speed: float = 1.0,
     model_name: str = DEFAULT_MODEL_NAME,
+    responses_store: bool | None = None,
+    lora_modules: dict[str, str] | None = None,
+    allow_lora_updating: bool | None = None,
 ) -> web.Application:
-    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine."""
-    server = SimServer(profile.scaled(speed), seed=seed, model_name=model_name)
+    """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine.
+
+    `responses_store` and `allow_lora_updating` default to vLLM's environment variables
+    (VLLM_ENABLE_RESPONSES_API_STORE, VLLM_ALLOW_RUNTIME_LORA_UPDATING); `lora_modules`
+    maps adapter names to paths, loaded at start like vLLM's --lora-modules."""
+    if responses_store is None:
+        responses_store = store_enabled_by_env()
+    if allow_lora_updating is None:
+        allow_lora_updating = runtime_updates_by_env()
+    server = SimServer(
+        profile.scaled(speed),
+        seed=seed,
+        model_name=model_name,
+        lora_modules=lora_modules,
+        allow_lora_updating=allow_lora_updating,
+    )
     app = web.Application(
         middlewares=[_json_errors],
         client_max_size=_MAX_BODY,
@@ -210,4 +247,5 @@ def create_sim_app(
     app.router.add_get("/health", server.health)
     app.router.add_get("/version", server.version)
     app.router.add_get("/metrics", server.metrics_endpoint)
+    add_routes(app, server, responses_store=responses_store)
     return app

@@ -8,6 +8,7 @@ import dataclasses
 import signal
 import sys
 
+from sluice.sim.model_registry import parse_lora_modules
 from sluice.sim.profiles import DEFAULT_PROFILE, PROFILES, Profile, get_profile
 
 _DEFAULT_MODEL = "sluice-sim"
@@ -40,6 +41,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default=_DEFAULT_MODEL, help=f"served model name ({_DEFAULT_MODEL})"
     )
+    parser.add_argument(
+        "--enable-responses-store",
+        action="store_true",
+        default=None,
+        help="store Responses API answers (GET, cancel, background), like vLLM's "
+        "VLLM_ENABLE_RESPONSES_API_STORE=1 (which also turns it on)",
+    )
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters loaded at start, listed by /v1/models and served by name",
+    )
+    parser.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        default=None,
+        help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter, like vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (which also turns it on)",
+    )
 
 
 def build_profile(args: argparse.Namespace) -> Profile:
@@ -65,6 +87,7 @@ def build_profile(args: argparse.Namespace) -> Profile:
     profile = dataclasses.replace(base, **overrides)
     if args.speed <= 0:
         raise ValueError("--speed must be positive")
+    parse_lora_modules(getattr(args, "lora_modules", []))  # refuse a bad one before starting
     return profile
 
 
@@ -88,7 +111,15 @@ async def _serve(args: argparse.Namespace, profile: Profile) -> int:
 
     from sluice.sim.server import create_sim_app
 
-    app = create_sim_app(profile, seed=args.seed, speed=args.speed, model_name=args.model)
+    app = create_sim_app(
+        profile,
+        seed=args.seed,
+        speed=args.speed,
+        model_name=args.model,
+        responses_store=args.enable_responses_store,
+        lora_modules=parse_lora_modules(args.lora_modules),
+        allow_lora_updating=args.allow_runtime_lora_updating,
+    )
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

@@ -1,0 +1,175 @@
+"""guidellm against Sluice and straight at the backend, side by side in one run (issue
+14's must-show): two `sluice sim` processes of the same profile and seed, `sluice serve`
+in front of one; two guidellm runs at the same constant rate (below the backend's
+capacity) started together, one at the gateway, one at the other simulator. guidellm
+validates its target with GET /health first (Sluice answered 404 there before).
+
+    python bench/adversarial/guidellm_compare.py [--rate 4] [--seconds 60]
+        [--profile h100-llama3-8b] [--prompt-tokens 256] [--output-tokens 128] [--out DIR]
+
+guidellm comes from scripts/guidellm/install.sh (a venv in ~/.cache/sluice, CPU torch,
+a tokenizer built offline). Passes (exit 0) with 0 errored requests in both arms and
+Sluice's mean and median TTFT within 1.1x of direct. Writes DIR/results.json, each
+arm's guidellm JSON, and DIR/ttft.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_VENV_PY = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
+if _VENV_PY.exists() and Path(sys.prefix).resolve() != _VENV_PY.parent.parent.resolve():
+    os.execv(str(_VENV_PY), [str(_VENV_PY), *sys.argv])
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stack import REPO, BusySampler, start_gateway, start_sim  # noqa: E402
+
+KEY = "sk-guidellm-1"
+POLICY = """
+tenants: [{{name: bench, apiKeys: [{key}], priority: 0}}]
+backends: [{{name: sim, url: "{sim}"}}]
+"""
+
+
+def install() -> Path:
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "guidellm" / "install.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def guidellm(
+    venv: Path, target: str, out: Path, args: argparse.Namespace, key: str | None
+) -> subprocess.Popen[bytes]:
+    backend = f"kind=openai_http,target={target},model=sluice-sim"
+    if key:
+        backend += f",api_key={key}"
+    cmd = [
+        str(venv / "bin" / "guidellm"),
+        "run",
+        "--backend",
+        backend,
+        "--profile",
+        f"kind=constant,rate={args.rate}",
+        "--constraint",
+        f"kind=max_requests,count={round(args.rate * args.seconds)}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},"
+        f"output_tokens={args.output_tokens}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={venv / 'tokenizer'}",
+        "--seed",
+        "kind=static,value=1",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console-interactive",
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def summary(path: Path) -> dict[str, Any]:
+    bench = json.loads(path.read_text())["benchmarks"][0]["metrics"]
+    totals = bench["request_totals"]
+    ttft = bench["time_to_first_token_ms"]["successful"]
+    pct = ttft.get("percentiles") or {}
+    return {
+        "successful": totals["successful"],
+        "errored": totals["errored"],
+        "incomplete": totals["incomplete"],
+        "ttft_ms_mean": ttft["mean"],
+        "ttft_ms_median": ttft["median"],
+        "ttft_ms_p95": pct.get("p95"),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=4.0, help="requests per second, each arm")
+    p.add_argument("--seconds", type=float, default=60.0, help="rate x seconds requests")
+    p.add_argument("--profile", default="h100-llama3-8b")
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--out", type=Path, default=Path("reports/guidellm"))
+    args = p.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    venv = install()
+    folder = Path(tempfile.mkdtemp(prefix="sluice-guidellm-"))
+    sims = [start_sim("--profile", args.profile, "--seed", "7") for _ in range(2)]
+    gw = start_gateway(POLICY.format(key=KEY, sim=sims[1].url), folder, "--no-access-log")
+    arms = f"direct {sims[0].url}, sluice {gw.url} -> {sims[1].url}"
+    print(f"{arms}; {args.seconds:.0f} s at {args.rate}/s each", flush=True)
+    try:
+        t0 = time.monotonic()
+        with BusySampler() as busy:
+            runs = {
+                "direct": guidellm(venv, sims[0].url, args.out / "direct.json", args, None),
+                "sluice": guidellm(venv, gw.url, args.out / "sluice.json", args, KEY),
+            }
+            codes = {name: proc.wait(args.seconds * 4 + 300) for name, proc in runs.items()}
+        elapsed = time.monotonic() - t0
+    finally:
+        gw.stop()
+        for s in sims:
+            s.stop()
+    if any(codes.values()):
+        for name, code in codes.items():
+            if code:
+                print(f"guidellm ({name}) exited {code}:")
+                print((args.out / f"{name}.log").read_text()[-3000:])
+        return 1
+    arms = {name: summary(args.out / f"{name}.json") for name in runs}
+    ratio = {
+        "mean": arms["sluice"]["ttft_ms_mean"] / arms["direct"]["ttft_ms_mean"],
+        "median": arms["sluice"]["ttft_ms_median"] / arms["direct"]["ttft_ms_median"],
+    }
+    result = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "seconds": round(elapsed, 1),
+        "arms": arms,
+        "ttft_ratio_sluice_over_direct": {k: round(v, 3) for k, v in ratio.items()},
+        "cpu": {
+            "busy_fraction_max": round(max(busy.samples, default=0.0), 3),
+            "busy_fraction_mean": round(sum(busy.samples) / max(1, len(busy.samples)), 3),
+        },
+    }
+    ok = all(a["errored"] == 0 for a in arms.values()) and max(ratio.values()) <= 1.1
+    result["pass"] = ok
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    _plot(arms, args.out / "ttft.png")
+    print(json.dumps(result, indent=1))
+    return 0 if ok else 1
+
+
+def _plot(arms: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = ["ttft_ms_mean", "ttft_ms_median", "ttft_ms_p95"]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for i, (name, arm) in enumerate(arms.items()):
+        values = [arm[s] or 0 for s in stats]
+        ax.bar([x + i * 0.38 for x in range(len(stats))], values, width=0.38, label=name)
+    ax.set_xticks([x + 0.19 for x in range(len(stats))], ["mean", "median", "p95"])
+    ax.set_ylabel("TTFT (ms), guidellm")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Tenant quotas held in a shared store (Redis) that may be lost: the pure part.
+
+`QuotaCircuit` says whether quotas are shared (the store answers) or local (it does
+not); `FailoverQuotas` is the `TenantQuotas` the Controller gets when a shared store holds
+the quotas: it charges nothing while they are shared (the shell charged the store) and
+delegates to an `InProcessQuotas` holding this process's share while they are local.
+The store's I/O, its scripts and the per-request ticket are the shell's
+(gateway/shared_quota.py); nothing here does I/O, time comes from the injected clock.
+
+Going local must not hand a tenant its quota again: each answer of the store shows the
+process the tenant's bucket levels and this process's part of the tenant's recent demand
+(`QuotaSight`). When the store is lost, each process enforces that part of the quota
+(with `SHARE_FLOOR` of it spread evenly over the live processes), starting from that part
+of the levels last seen: what the tenant used in the current minute still counts. When
+the store is back, each process charges it what it admitted on its own meanwhile
+(`HandBack`), restoring first the levels it last saw if the store lost them (a restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from sluice.config import Tenant
+from sluice.core.clock import Clock
+from sluice.core.quota import (
+    ADMITTED,
+    InProcessQuotas,
+    QuotaDecision,
+    QuotaShare,
+    local_fraction,
+    refilled,
+)
+
+REPROBE_S = 1.0  # while local, try the store again this often (not on every request)
+TIMEOUTS_TO_SUSPECT = 3  # timeouts in a row that call for a probe (a refused connection
+# goes local at once; timeouts only when the probe fails too)
+SHARE_FLOOR = 0.1  # of a quota spread evenly over the processes when they go local
+
+
+def has_quota(t: Tenant) -> bool:
+    return bool(t.tokens_per_minute or t.requests_per_minute or t.max_concurrency)
+
+
+class QuotaCircuit:
+    """Whether quotas are shared (Redis answers) or local (it does not).
+
+    A refused or broken connection goes local at once. Timeouts do not, by themselves:
+    a gateway whose own event loop is starved sees every call time out while Redis is
+    fine. `timeouts_to_suspect` in a row make a probe due at once (a PING with a longer
+    timeout); only a failed probe goes local. While local, Redis is probed every
+    `reprobe_s`, by the background task only, never by requests."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        timeouts_to_suspect: int = TIMEOUTS_TO_SUSPECT,
+        reprobe_s: float = REPROBE_S,
+    ) -> None:
+        self._clock = clock
+        self.timeouts_to_suspect = timeouts_to_suspect
+        self.reprobe_s = reprobe_s
+        self.shared = True
+        self._timeouts = 0
+        self._suspect = False
+        self._next_probe = 0.0
+
+    def success(self) -> bool:
+        """Redis answered; True if that brings quotas back to shared."""
+        self._timeouts = 0
+        self._suspect = False
+        if self.shared:
+            return False
+        self.shared = True
+        return True
+
+    def failure(self, timeout: bool) -> bool:
+        """A call failed; True if quotas go local now."""
+        if not self.shared:
+            return False
+        if timeout:
+            self._timeouts += 1
+            if self._timeouts >= self.timeouts_to_suspect:
+                self._suspect = True
+            return False
+        return self._open()
+
+    def _open(self) -> bool:
+        self._timeouts = 0
+        self._suspect = False
+        self.shared = False
+        self._next_probe = self._clock.now() + self.reprobe_s
+        return True
+
+    def probe_due(self) -> bool:
+        if self.shared:
+            return self._suspect
+        return self._clock.now() >= self._next_probe
+
+    def probe_failed(self) -> bool:
+        """The probe got no answer; True if quotas go local now (else the next probe
+        waits another `reprobe_s`)."""
+        if self.shared:
+            return self._open()
+        self._next_probe = self._clock.now() + self.reprobe_s
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSight:
+    """A tenant's quota as Redis last showed it to this process: the bucket levels of the
+    whole quota (None: no such limit), this process's part of the tenant's recent demand
+    (None: none recorded), and when (this process's clock)."""
+
+    requests_level: float | None
+    tokens_level: float | None
+    part: float | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """What this process admitted of a tenant's quota on its own while Redis was lost,
+    for Redis once it is back, with its estimate of the tenant's levels had nothing been
+    used (-1: unknown), which stands in for buckets Redis lost."""
+
+    requests_used: float
+    tokens_used: float
+    requests_level: float
+    tokens_level: float
+
+
+class FailoverQuotas:
+    """`TenantQuotas` for the Controller when Redis holds the quotas: charges nothing
+    while quotas are shared (the shell has charged Redis), and delegates to `local`
+    while they are local.
+
+    `take_over` (the circuit just went local) gives `local` this process's share of each
+    tenant's quota (`local_fraction` of its part of the demand last seen, over the live
+    processes), starting from that share of the levels last seen, refilled since: so the
+    processes together hold each quota once, what was used in the current minute included.
+    Refunds, settles and releases go to `local` only for tenants with requests it holds
+    (charged locally, or still running from before), so a request admitted through Redis
+    after it is back never gives back to the local buckets. `hand_back` says what was
+    admitted locally meanwhile, for Redis. (A request whose Redis check succeeded in the
+    instant the circuit went local is charged locally too: a one-off, on the safe side.)"""
+
+    def __init__(
+        self,
+        local: InProcessQuotas,
+        circuit: QuotaCircuit,
+        on_limits: Callable[[Iterable[Tenant]], None] | None = None,
+        *,
+        floor: float = SHARE_FLOOR,
+    ) -> None:
+        self.local = local
+        self._circuit = circuit
+        self._on_limits = on_limits
+        self.floor = floor
+        self._local_open: dict[str, int] = {}
+        self._tenants: dict[str, Tenant] = {}
+        self._sights: dict[str, QuotaSight] = {}
+        self._taken: set[str] = set()  # tenants given a local share since the last loss
+        self._used: dict[str, list[float]] = {}  # per tenant while local: requests, tokens
+        self.processes = 1
+
+    def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None:
+        self._tenants = {t.name: t for t in tenants}
+        self.local.set_limits(self._tenants.values(), now)
+        if not self._circuit.shared:  # a tenant new while local gets its share too
+            for t in self._tenants.values():
+                if has_quota(t) and t.name not in self._taken:
+                    self._take(t, now, 0)
+        if self._on_limits is not None:
+            self._on_limits(self._tenants.values())
+
+    def set_processes(self, processes: int, now: float) -> None:
+        """How many gateway processes were alive in Redis (for the next take-over)."""
+        self.processes = max(1, processes)
+
+    def observe(self, tenant: str, sight: QuotaSight) -> None:
+        """What a Redis answer showed of the tenant's quota."""
+        self._sights[tenant] = sight
+
+    def sight(self, tenant: str) -> QuotaSight | None:
+        return self._sights.get(tenant)
+
+    def stale_sights(self, now: float, older_than_s: float, limit: int) -> list[str]:
+        """Tenants with a quota whose last sight is older than `older_than_s` (or none),
+        the oldest first, at most `limit`."""
+        ages = []
+        for name, t in self._tenants.items():
+            if not has_quota(t):
+                continue
+            sight = self._sights.get(name)
+            age = float("inf") if sight is None else now - sight.at
+            if age > older_than_s:
+                ages.append((-age, name))
+        return [name for _, name in sorted(ages)[:limit]]
+
+    def take_over(self, now: float, running: Mapping[str, int]) -> None:
+        """Quotas went local: from now on hold this process's share of each; `running`:
+        requests per tenant admitted through Redis that are still open here."""
+        self._used = {}
+        self._taken = set()
+        for t in self._tenants.values():
+            if has_quota(t):
+                self._take(t, now, running.get(t.name, 0))
+
+    def _take(self, t: Tenant, now: float, running: int) -> None:
+        sight = self._sights.get(t.name)
+        fraction = local_fraction(sight.part if sight else None, self.processes, self.floor)
+        requests_level, tokens_level = self._estimate(t, now)
+        held = self._local_open.get(t.name, 0) + max(0, running)
+        if held:
+            self._local_open[t.name] = held
+        share = QuotaShare(fraction, requests_level, tokens_level, held)
+        self.local.set_share(t.name, share, now)
+        self._taken.add(t.name)
+
+    def _estimate(self, t: Tenant, now: float) -> tuple[float | None, float | None]:
+        """The tenant's levels now, from the last sight, had nothing been used since."""
+        sight = self._sights.get(t.name)
+        if sight is None:
+            return None, None
+        age = now - sight.at
+        rl = tl = None
+        if t.requests_per_minute > 0 and sight.requests_level is not None:
+            rl = refilled(sight.requests_level, t.requests_per_minute, age)
+        if t.tokens_per_minute > 0 and sight.tokens_level is not None:
+            tl = refilled(sight.tokens_level, t.tokens_per_minute, age)
+        return rl, tl
+
+    def hand_back(self, now: float) -> dict[str, HandBack]:
+        """Per tenant, what Redis should be told now that it is back (call `handed_back`
+        once it has been). Tenants whose levels were below full are included even with
+        nothing used: a Redis that lost them must not start them full."""
+        out: dict[str, HandBack] = {}
+        for name, t in self._tenants.items():
+            if not has_quota(t):
+                continue
+            requests_used, tokens_used = self._used.get(name, (0.0, 0.0))
+            rl, tl = self._estimate(t, now)
+            below = (rl is not None and rl < t.requests_per_minute) or (
+                tl is not None and tl < t.tokens_per_minute
+            )
+            if requests_used or tokens_used or below:
+                out[name] = HandBack(
+                    requests_used,
+                    tokens_used,
+                    -1.0 if rl is None else rl,
+                    -1.0 if tl is None else tl,
+                )
+        return out
+
+    def handed_back(self) -> None:
+        self._used = {}
+
+    def _use(self, tenant: str, requests: float, tokens: float) -> None:
+        if self._circuit.shared:
+            return  # after the hand-back: Redis was charged these already
+        used = self._used.get(tenant)
+        if used is None:
+            used = self._used[tenant] = [0.0, 0.0]
+        used[0] += requests
+        used[1] += tokens
+
+    def charge_for(self, tenant: str, tokens: int) -> int:
+        return self.local.charge_for(tenant, tokens)
+
+    def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision:
+        if self._circuit.shared:
+            return ADMITTED
+        decision = self.local.acquire(tenant, tokens, now)
+        if decision.ok:
+            self._local_open[tenant] = self._local_open.get(tenant, 0) + 1
+            self._use(tenant, 1, tokens)
+        return decision
+
+    def _leave(self, tenant: str) -> bool:
+        n = self._local_open.get(tenant, 0)
+        if n <= 0:
+            return False
+        if n == 1:
+            del self._local_open[tenant]
+        else:
+            self._local_open[tenant] = n - 1
+        return True
+
+    def refund(self, tenant: str, tokens: int, now: float) -> None:
+        if self._leave(tenant):
+            self.local.refund(tenant, tokens, now)
+            self._use(tenant, -1, -tokens)
+
+    def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
+        if self._local_open.get(tenant, 0) > 0:
+            self.local.settle(tenant, delta_tokens, now)
+            self._use(tenant, 0, delta_tokens)
+
+    def release(self, tenant: str, now: float) -> None:
+        if self._leave(tenant):
+            self.local.release(tenant, now)

@@ -1,0 +1,14 @@
+-- KEYS: rate. ARGV: rpm, tpm, requests and tokens one process admitted on its own while
+-- Redis was lost, and its estimate of the levels had nothing been used ('-1': unknown),
+-- which stand in for buckets Redis lost (a restart).
+local rest, test = tonumber(ARGV[5]), tonumber(ARGV[6])
+if rpm > 0 and rest >= 0 and redis.call('HEXISTS', KEYS[1], 'rt') == 0 then
+  rl = math.min(rpm, rest)
+end
+if tpm > 0 and test >= 0 and redis.call('HEXISTS', KEYS[1], 'tt') == 0 then
+  tl = math.min(tpm, test)
+end
+rl = rl - tonumber(ARGV[3])
+tl = tl - tonumber(ARGV[4])
+store()
+return 1
