@@ -156,6 +156,17 @@ def test_the_returns_lane_goes_first_in_the_order_it_came_back() -> None:
     assert q.pop() is None and q.idle()
 
 
+def test_a_return_too_large_to_place_can_be_parked_like_any_request() -> None:
+    q = ClassQueue(Policy().queue(1))
+    big = rec("back-big", 1)
+    q.push(big, returning=True)
+    q.push(rec("back-2", 2), returning=True)
+    q.park(big)  # what the dispatcher does with a head it has held long enough
+    assert list(q.parked) == ["back-big"] and q.peek() is not None
+    assert q.peek().request_id == "back-2" and len(q) == 2
+    assert q.remove("back-big") is big and not q.parked and len(q) == 1
+
+
 # -- the controller's promise -------------------------------------------------------------
 
 
