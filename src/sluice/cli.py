@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 # verb -> (module, one-line help)
@@ -16,6 +17,23 @@ VERBS: dict[str, tuple[str, str]] = {
     "bench": ("sluice.bench.bench_cmd", "run a benchmark scenario against baselines"),
     "check-config": ("sluice.config_cmd", "validate a policy file"),
 }
+# verbs that need an optional extra -> (extra, the modules it brings)
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "demo": ("bench", ("rich", "matplotlib")),
+    "bench": ("bench", ("rich", "matplotlib")),
+}
+
+
+def missing_extra(verb: str) -> str | None:
+    """A clear message when `verb` needs an extra that is not installed, else None."""
+    extra, modules = EXTRAS.get(verb, ("", ()))
+    absent = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not absent:
+        return None
+    return (
+        f"sluice {verb} needs the optional `{extra}` part ({', '.join(absent)} missing): "
+        f"pip install 'sluice[{extra}]'"
+    )
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
@@ -37,6 +55,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     verb = next((a for a in argv if not a.startswith("-")), None)
+    if verb in VERBS and (message := missing_extra(verb)):
+        print(message, file=sys.stderr)
+        return 2
     args = build_parser(verb if verb in VERBS else None).parse_args(argv)
     return int(args._run(args) or 0)
 

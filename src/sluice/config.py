@@ -122,6 +122,10 @@ class Tenant(_Model):
         return plain + list(self.api_key_sha256)
 
 
+# The engines Sluice has a metrics adapter for (sluice.gateway.engines), and `auto`.
+Engine = Literal["auto", "vllm", "sglang", "trtllm", "llamacpp", "tgi", "none"]
+
+
 class Backend(_Model):
     name: str = Field(min_length=1)
     url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
@@ -132,6 +136,9 @@ class Backend(_Model):
     # sent as `Authorization: Bearer ...` on its /v1 routes. A name, never the key itself,
     # so that the policy file holds no secret.
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # Which engine serves it, so which adapter reads its metrics (docs/engines.md); `auto`
+    # detects it from what the backend answers, `none` reads no metrics (latency only).
+    engine: Engine = "auto"
 
     def auth_headers(self) -> dict[str, str]:
         """What the gateway sends the backend to be let in (empty without a key)."""

@@ -267,6 +267,8 @@ def test_dashboard_charts_follow_a_burst(gateway_url: str, tmp_path: Path) -> No
             for i, (name, b) in enumerate(drawn.items()):
                 card = page.inner_text(f"#backend-{i}")
                 assert name in card and f"in flight 0 / limit {b['limit']}" in card
+                # the simulator presents vLLM's surface: detected, every signal there
+                assert "engine vllm · every signal" in card, card
 
             # Polls that fail turn the page "disconnected"; it recovers by itself.
             page.route("**/dashboard/state", lambda route: route.abort())

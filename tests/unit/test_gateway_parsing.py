@@ -10,7 +10,7 @@ import pytest
 from sluice.config import parse_policy
 from sluice.core.types import RejectCode
 from sluice.gateway.auth import KeyRing
-from sluice.gateway.backend_metrics import MetricsParser
+from sluice.gateway.engines.vllm import VllmAdapter
 from sluice.gateway.errors import reject_response, retry_after_headers
 from sluice.gateway.request_body import BadRequest, parse_request, upstream_body
 
@@ -131,19 +131,19 @@ def _metrics(a: int, b: int, c: int) -> str:
 
 
 def test_vllm_metrics_parse_with_windowed_p95() -> None:
-    parser = MetricsParser()
-    m = parser.parse(_metrics(100, 100, 100), at=1.0)
+    parser = VllmAdapter()
+    m = parser.read({"/metrics": _metrics(100, 100, 100)}, at=1.0)
     assert (m.running, m.waiting, m.kv_usage, m.preemptions_total) == (7.0, 3.0, 0.93, 12.0)
     assert (m.num_gpu_blocks, m.block_size) == (2048, 16)
     assert m.ttft_p95_s == pytest.approx(0.095)
     # In the next window all 20 new requests were slower than 0.1 s.
-    m2 = parser.parse(_metrics(100, 120, 120), at=1.25)
+    m2 = parser.read({"/metrics": _metrics(100, 120, 120)}, at=1.25)
     assert m2.ttft_p95_s == pytest.approx(0.1 + 0.4 * 0.95)
 
 
 def test_older_vllm_names_and_unknown_fields() -> None:
     text = "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_running 2\n"
-    m = MetricsParser().parse(text, at=0.0)
+    m = VllmAdapter().read({"/metrics": text}, at=0.0)
     assert (m.kv_usage, m.running, m.waiting, m.num_gpu_blocks) == (0.5, 2.0, None, None)
 
 

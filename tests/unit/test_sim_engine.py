@@ -396,3 +396,40 @@ def test_a_sample_key_fixes_the_output_length_whatever_came_before() -> None:
     assert len(set(keyed)) > 10
     other_seed = Engine(SMALL, seed=4)
     assert keyed != [other_seed.draw_output_tokens(1000, sample_key=k) for k in range(30)]
+
+
+def test_an_engine_that_reserves_whole_requests_never_preempts() -> None:
+    """kv_reserve="request" (TensorRT-LLM's GUARANTEED_NO_EVICT, TGI): requests wait for
+    room for prompt + max_tokens instead of being preempted; "none" (vLLM) preempts."""
+    import dataclasses
+
+    from sluice.sim.profiles import TINY
+
+    def run(reserve: str) -> tuple[int, int]:
+        profile = dataclasses.replace(TINY, kv_reserve=reserve)
+        e = Engine(profile, seed=0)
+        for i in range(40):
+            e.submit(e.make_request(f"r{i}", 200, 400, ignore_eos=True), now=0.0)
+        t, most_waiting = 0.0, 0
+        while e.has_work():
+            t = e.step(t).end
+            most_waiting = max(most_waiting, e.num_waiting)
+        return e.snapshot().num_preemptions_total, most_waiting
+
+    assert run("none")[0] > 0
+    preemptions, waited = run("request")
+    assert preemptions == 0 and waited > 0
+
+
+def test_a_slot_engine_runs_at_most_its_slots() -> None:
+    import dataclasses
+
+    from sluice.sim.profiles import TINY
+
+    e = Engine(dataclasses.replace(TINY, kv_reserve="slot", max_num_seqs=4, max_model_len=1024))
+    for i in range(10):
+        e.submit(e.make_request(f"r{i}", 100, 50, ignore_eos=True), now=0.0)
+    e.step(0.0)
+    snap = e.snapshot()
+    assert (snap.running, snap.waiting) == (4, 6)
+    assert snap.reserved_blocks == 4 * (256 // 4)

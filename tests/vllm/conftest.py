@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "scripts" / "vllm"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 # gateway_proc does `from conftest import parse_metrics`: in this suite that is this module.
+from named_suite import bound_tests, ignore_unless_named  # noqa: E402
 from vllm_server import (  # noqa: E402
     MODEL_NAME,
     VllmServer,
@@ -48,21 +49,12 @@ _WAITING = re.compile(rb"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Collect these tests only when asked for by path: they build and start a real vLLM."""
-    if HERE not in (collection_path, *collection_path.parents):
-        return None
-    named = [Path(a.split("::")[0]).resolve() for a in config.args]
-    if any(p == HERE or HERE in p.parents for p in named):
-        return None
-    return True
+    """Collect these tests only when asked for by path: they build and start an engine."""
+    return ignore_unless_named(HERE, collection_path, config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The per-test timeout covers the test body only: building the cache and starting vLLM
-    # happen in session fixtures with deadlines of their own.
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S, func_only=True))
+    bound_tests(HERE, items, TEST_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from gateway_proc import GatewayProcess, start_gateway
 from loadgen import completion_body, gauge_values, token_prompt
 from vllm_server import VllmServer, parse_metrics
 
-from sluice.gateway.backend_metrics import MetricsParser
+from sluice.gateway.engines.vllm import VllmAdapter
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ limiter: {algorithm: fixed, fixedLimit: 32}
 async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServer) -> None:
     # Every figure the gateway's scraper looks for is in vLLM's exposition.
     wait_idle(vllm)
-    parsed = MetricsParser().parse(vllm.metrics_text(), at=0.0)
+    parsed = VllmAdapter().read({"/metrics": vllm.metrics_text()}, at=0.0)
     assert parsed.running == 0 and parsed.waiting == 0 and parsed.kv_usage == 0
     assert parsed.preemptions_total is not None
     # vllm:cache_config_info: 8 MiB of KV = 4,096 tokens of this model, in blocks of 128

@@ -13,6 +13,7 @@ import orjson
 
 from sluice.bench.arms import ARMS, VIRTUAL_ONLY
 from sluice.bench.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sluice.sim.surfaces import SURFACES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", metavar="DIR", help="output folder (reports/SCENARIO-<time>/)")
     parser.add_argument("--seed", type=int, help="workload seed (the scenario's)")
+    parser.add_argument(
+        "--engine",
+        choices=sorted(SURFACES),
+        help="virtual mode: every backend presents this engine's surface (its metrics read "
+        "through the gateway's adapter, its admission, its refusals); default vllm's state",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--real-size",
@@ -71,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except ValueError as exc:
         err.print(f"[red]sluice bench: {exc}[/red]")
+        return 2
+    if args.mode == "real" and args.engine:
+        err.print(
+            "[red]sluice bench: --engine is for virtual mode (real mode: sluice sim "
+            "--engine NAME behind sluice serve)[/red]"
+        )
         return 2
     if args.mode == "real":
         skipped = [a for a in arms if a in VIRTUAL_ONLY]
@@ -137,7 +150,9 @@ def _run_with_progress(
 
             if args.real_size:
                 scenario = scenario.for_real_mode()
-            return run_virtual(scenario, arms, seed=args.seed, progress=progress)
+            return run_virtual(
+                scenario, arms, seed=args.seed, progress=progress, engine=args.engine
+            )
         from sluice.bench.real import run_real
 
         def announce(url: str) -> None:

@@ -24,6 +24,10 @@ scrapes every engine every `SCRAPE_INTERVAL_S`, replica k offset by k/replicas o
 interval (replicas do not scrape in step), and probes health on its own. The series'
 `limit` of a backend is the sum of the replicas' limits, `pressure` their mean; the TTFT
 and TPOT p95 of a scrape go to replica 0 only (no limiter reads them).
+
+With an `engine` (sluice.bench.engine_view), each backend presents that engine's surface:
+scrapes read its metrics pages through the gateway's adapter for that engine, and the
+engine's refusals (TGI's 429) are answered to the gateway as overloads.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.bench.engine_view import EngineView
 from sluice.bench.returns import CANNOT_SERVE_IN_TIME, note_refusal
 from sluice.bench.scenario import CLASSES, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
@@ -41,7 +46,7 @@ from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.types import BackendMetrics, Outcome, RequestInfo
-from sluice.sim.engine import Engine, EngineRequest, StepResult
+from sluice.sim.engine import Engine, EngineRequest, EngineSnapshot, StepResult
 from sluice.sim.profiles import Profile
 
 MODEL = "sim"
@@ -289,6 +294,7 @@ class _Run:
         seed: int,
         series_interval: float,
         progress: Callable[[float], None] | None,
+        engine: str | None = None,
     ) -> None:
         self.scenario = scenario
         self.arm = arm
@@ -300,6 +306,9 @@ class _Run:
         self.names = [f"b{i}" for i in range(n)]
         self.name_index = {name: i for i, name in enumerate(self.names)}
         self.engines = [Engine(profile, seed=seed + i) for i in range(n)]
+        self.engine_kind = engine
+        self.views = [EngineView(engine, e) for e in self.engines] if engine else None
+        self.step_snaps: list[EngineSnapshot | None] = [None] * n  # of the step under way
         self.engine_gen = [0] * n  # bumped when a backend dies: its step events go stale
         self.busy = [False] * n
         self.dead = [False] * n
@@ -611,6 +620,9 @@ class _Run:
                     ctrl.set_backend_health(self.names[b], False)
             self._retry_or_end(t, r, FAILED, None)
             return
+        if self.views is not None and self.views[b].refuses(len(self.inflight_on[b])):
+            self._engine_refused(t, r)
+            return
         r.state = _INFLIGHT
         self.by_aid[r.aid] = r
         self.inflight_on[b][r.aid] = r
@@ -623,12 +635,22 @@ class _Run:
         if not self.busy[b]:
             self._start_step(t, b)
 
+    def _engine_refused(self, t: float, r: ReqState) -> None:
+        """The engine refused the request (its router is full): an overload for the
+        gateway's limiter, a refusal for the client."""
+        self.by_aid.pop(r.aid, None)
+        if self.ctrls:
+            self.ctrls[r.gw].on_finish(r.aid, Outcome.OVERLOADED)
+        self._rejected(t, r, "engine_overloaded", None)
+
     def _start_step(self, t: float, b: int) -> None:
         engine = self.engines[b]
         result = engine.step(t)
         waiting = engine.num_waiting
         running = engine.num_running
         state = (running, waiting, engine.kv_usage)
+        if self.views is not None:
+            self.step_snaps[b] = engine.snapshot()
         # Congested: requests are left waiting for KV blocks or sequence slots, not merely
         # for the next step's token budget (a chunked prefill queue that clears by itself).
         if waiting > 0 and (
@@ -655,6 +677,9 @@ class _Run:
         if gen != self.engine_gen[b]:
             return  # the backend died during this step
         self.published[b] = state
+        snap = self.step_snaps[b]
+        if self.views is not None and snap is not None:
+            self.views[b].observe(result, snap)
         if result.preempted:
             self._preempted(t, b, result)
         by_aid = self.by_aid
@@ -727,6 +752,9 @@ class _Run:
                     ctrl.metrics_stale(name)
                     continue
                 running, waiting, kv = self.published[b]
+                if self.views is not None:
+                    ctrl.on_metrics(name, self.views[b].scrape(t))
+                    continue
                 m = BackendMetrics(
                     at=t,
                     running=float(running),
@@ -821,6 +849,8 @@ class _Run:
         elif ev.action == "recover" and self.dead[b]:
             self.dead[b] = False
             self.engines[b] = Engine(self.profile, seed=self.seed + b + 1000 * self.engine_gen[b])
+            if self.views is not None and self.engine_kind is not None:
+                self.views[b] = EngineView(self.engine_kind, self.engines[b])
             self.preempt_total[b] = 0
         if self.ctrls:
             self._pump(t)
@@ -860,8 +890,11 @@ def run_arm(
     seed: int = 0,
     series_interval: float = SCRAPE_INTERVAL_S,
     progress: Callable[[float], None] | None = None,
+    engine: str | None = None,
 ) -> ArmRun:
-    """Run one arm on fresh engines; the workload is not modified."""
+    """Run one arm on fresh engines; the workload is not modified. `engine`: the surface
+    every backend presents (None: the scrape hands the controller the engine's state as
+    vLLM shows it, without rendering a page)."""
     import time
 
     started = time.perf_counter()
@@ -873,6 +906,7 @@ def run_arm(
         seed=seed,
         series_interval=series_interval,
         progress=progress,
+        engine=engine,
     )
     run.run()
     return ArmRun(

@@ -10,6 +10,7 @@ from typing import Any
 
 from sluice.bench.arms import ARMS, arm_spec, fixed_cap_arm
 from sluice.bench.capacity import Capacity, calibrate
+from sluice.bench.engine_view import engine_profile
 from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
 from sluice.bench.scenario import Scenario
@@ -31,6 +32,7 @@ class Plan:
     capacities: list[Capacity]  # per phase, per backend
     rates_rps: list[float]  # per phase, all backends
     workload: list[ClientRequest]
+    engine: str | None = None  # the engine surface every backend presents
 
     @property
     def sweet_spots(self) -> list[int]:
@@ -45,6 +47,7 @@ class Plan:
         return {
             "backends": n,
             "profile": self.profile.name,
+            "engine": self.engine or "vllm",
             "requests": len(self.workload),
             "phases": [
                 {
@@ -63,9 +66,11 @@ class Plan:
         }
 
 
-def make_plan(scenario: Scenario, *, seed: int | None = None) -> Plan:
+def make_plan(scenario: Scenario, *, seed: int | None = None, engine: str | None = None) -> Plan:
     seed = scenario.spec.seed if seed is None else seed
     profile = scenario.spec.backends.build_profile()
+    if engine is not None:
+        profile = engine_profile(engine, profile)  # calibrated as that engine admits
     n = scenario.spec.backends.count
     tpot_slo = scenario.slos["P0"].tpot
     capacities = [calibrate(profile, p, tpot_slo) for p in scenario.phases]
@@ -74,7 +79,7 @@ def make_plan(scenario: Scenario, *, seed: int | None = None) -> Plan:
         for p, c in zip(scenario.phases, capacities, strict=True)
     ]
     workload = generate(scenario, rates, seed=seed, max_model_len=profile.max_model_len)
-    return Plan(scenario, profile, seed, capacities, rates, workload)
+    return Plan(scenario, profile, seed, capacities, rates, workload, engine)
 
 
 def run_plan_arm(
@@ -96,6 +101,7 @@ def run_plan_arm(
         seed=plan.seed,
         series_interval=series_interval,
         progress=tick,
+        engine=plan.engine,
     )
 
 
@@ -174,8 +180,10 @@ def run_virtual(
     *,
     seed: int | None = None,
     progress: Progress | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
-    """Run the arms of a scenario in virtual time; the results.json document."""
+    """Run the arms of a scenario in virtual time; the results.json document. `engine`:
+    the engine surface every backend presents (sluice.sim.surfaces)."""
     started = time.perf_counter()
     arms = list(arms or scenario.spec.arms)
     for a in arms:
@@ -183,7 +191,7 @@ def run_virtual(
             raise ValueError(f"unknown arm {a!r}; arms: {', '.join(ARMS)}")
     if progress is not None:
         progress("calibrating capacity", 0.0)
-    plan = make_plan(scenario, seed=seed)
+    plan = make_plan(scenario, seed=seed, engine=engine)
     calibrated = time.perf_counter()
     oracle_caps: list[int] | None = None
     sweep: list[dict[str, Any]] | None = None

@@ -43,6 +43,7 @@ from sluice.core.retry_after import DrainEstimator, refusal_excess
 from sluice.core.return_slots import Offer, ReturnLedger
 from sluice.core.token_cost import TokenCostModel
 from sluice.core.types import (
+    SIGNALS,
     Admission,
     Assignment,
     BackendMetrics,
@@ -945,6 +946,7 @@ class Controller:
                 "waiting": None if m is None else m.waiting,
                 "metrics_fresh": b.metrics_fresh,
                 "models": sorted(b.models),
+                **_signals(b.last_metrics),
             }
             describe = getattr(b.limiter, "describe", None)
             if describe is not None:
@@ -1011,3 +1013,12 @@ class Controller:
                         b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
+
+
+def _signals(m: BackendMetrics | None) -> dict[str, Any]:
+    """The engine behind a backend and which of its signals the limiter has (from the last
+    scrape that said so, fresh or not: what an engine exports does not change when one
+    scrape fails)."""
+    if m is None or m.signals is None:
+        return {"engine": None if m is None else m.engine, "signals": None}
+    return {"engine": m.engine, "signals": {s: s in m.signals for s in SIGNALS}}

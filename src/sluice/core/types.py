@@ -110,10 +110,14 @@ class Outcome(StrEnum):
     CLIENT_ERROR = "client_error"  # the backend refused it as invalid (4xx): no signal
 
 
+# The signals a backend's metrics may carry (BackendMetrics.signals names them).
+SIGNALS = ("running", "waiting", "kv_usage", "kv_capacity", "preemptions", "ttft_p95", "tpot_p95")
+
+
 @dataclass(frozen=True, slots=True)
 class BackendMetrics:
-    """One scrape of a backend's /metrics (vLLM names), as the scraper parsed it.
-    Fields the backend does not export are None."""
+    """One scrape of a backend's metrics, as its engine's adapter read them (the gateway's
+    `sluice.gateway.engines`). Fields the backend does not export are None."""
 
     at: float  # core-clock time of the scrape
     running: float | None = None
@@ -124,6 +128,25 @@ class BackendMetrics:
     block_size: int | None = None
     ttft_p95_s: float | None = None  # over the last scrape window, from histogram deltas
     tpot_p95_s: float | None = None
+    # KV capacity in tokens when the engine states it otherwise than as blocks x block size
+    # (SGLang's max_total_num_tokens, llama.cpp's context, TGI's max_batch_total_tokens).
+    kv_capacity_tokens: float | None = None
+    # Requests the engine accepts at once before it refuses more (TGI's
+    # max_concurrent_requests): the limit never goes above it.
+    max_concurrency: int | None = None
+    engine: str | None = None  # which adapter read it (None: not said, e.g. virtual time)
+    # Which of SIGNALS the engine exports (a latency histogram counts even when its window
+    # had no sample); None: not said.
+    signals: frozenset[str] | None = None
+
+    @property
+    def kv_capacity(self) -> float | None:
+        """KV capacity in tokens, however the engine states it."""
+        if self.kv_capacity_tokens:
+            return self.kv_capacity_tokens
+        if self.num_gpu_blocks and self.block_size:
+            return float(self.num_gpu_blocks * self.block_size)
+        return None
 
 
 @dataclass(slots=True)

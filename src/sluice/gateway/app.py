@@ -316,6 +316,10 @@ class Gateway:
                 "models": sorted(h.models),
                 "metrics_fresh": h.metrics_ok,
                 "breaker": h.breaker.state.value,
+                # the adapter reading its metrics (None: not recognised yet), and the
+                # policy's `engine:`; which signals it has: controller.backends[name]
+                "engine": h.engine.adapter.name if h.engine.adapter is not None else None,
+                "engine_pinned": h.engine.pinned,
             }
             for h in self.pool.backends.values()
         }

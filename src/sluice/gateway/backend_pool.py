@@ -10,7 +10,12 @@ requests because it is full (vLLM's 503, or its 200 with an SSE error event) is 
 the refusal is a drop signal for its limiter (the controller's job), nothing here. A
 /health check that times out counts only while the backend shows no other sign of life: an
 overloaded vLLM answers /health and /metrics late while it keeps answering requests. A
-failed /metrics scrape only leaves the controller without metrics (latency-only control)."""
+failed /metrics scrape only leaves the controller without metrics (latency-only control).
+
+Each backend's metrics are read by its engine's adapter (`sluice.gateway.engines`): the
+one its policy entry pins (`engine:`), or the one detected from what it answers (its
+/metrics, else the `owned_by` of its /v1/models, else TGI's /info), looked for again every
+DETECT_RETRY_S while none is found."""
 
 from __future__ import annotations
 
@@ -30,8 +35,14 @@ from sluice.config import Backend, ScraperPolicy
 from sluice.core.circuit_breaker import BreakerSettings, BreakerState, CircuitBreaker
 from sluice.core.clock import Clock, MonotonicClock
 from sluice.core.controller import Controller
-from sluice.core.types import Outcome
-from sluice.gateway.backend_metrics import MetricsParser
+from sluice.core.types import SIGNALS, BackendMetrics, Outcome
+from sluice.gateway.engines import (
+    EngineAdapter,
+    adapter,
+    detect_from_info,
+    detect_from_metrics,
+    detect_from_models,
+)
 
 log = logging.getLogger("sluice.backends")
 
@@ -43,6 +54,11 @@ UNHEALTHY_AFTER = 2
 # is busy, not dead: a /health check that times out meanwhile does not count against it.
 ALIVE_WINDOW_S = 10.0
 MODELS_REFRESH_S = 30.0
+# A backend whose engine was not recognised is looked at again this often.
+DETECT_RETRY_S = 10.0
+# An optional route answered with one of these is not served by this engine (llama.cpp's
+# /metrics without --metrics answers 501): it is not asked again.
+_NOT_SERVED = frozenset({404, 405, 501})
 # A backend whose requests fail this often is taken out until it passes a health check.
 BACKEND_BREAKER = BreakerSettings(
     window_s=10.0, error_rate=0.5, min_requests=5, open_for_s=2.0, probes=1
@@ -95,7 +111,7 @@ class BackendHandle:
     # Clock time of the backend's last HTTP answer of any kind, refusals included.
     last_answer: float = -math.inf
     slow_probes: int = 0  # /health checks in a row that timed out while it was answering
-    parser: MetricsParser = field(default_factory=MetricsParser)
+    engine: EngineReading = field(default_factory=lambda: EngineReading())
     breaker: CircuitBreaker = field(
         default_factory=lambda: CircuitBreaker("backend", MonotonicClock(), BACKEND_BREAKER)
     )
@@ -122,6 +138,27 @@ class BackendHandle:
     @property
     def url(self) -> str:
         return self.spec.url.rstrip("/")
+
+
+@dataclass
+class EngineReading:
+    """How a backend's metrics are read: its engine's adapter (None until detected) and
+    what the adapter's routes answered that is kept between scrapes."""
+
+    adapter: EngineAdapter | None = None
+    pinned: str = "auto"
+    static: dict[str, str] = field(default_factory=dict)  # `once` routes that answered
+    skip: set[str] = field(default_factory=set)  # optional routes the engine does not serve
+    detect_after: float = -math.inf
+
+    def pin(self, engine: str) -> None:
+        if engine == self.pinned and (engine == "auto" or self.adapter is not None):
+            return
+        self.pinned = engine
+        self.adapter = None if engine == "auto" else adapter(engine)
+        self.static.clear()
+        self.skip.clear()
+        self.detect_after = -math.inf
 
 
 class BackendPool:
@@ -158,6 +195,7 @@ class BackendPool:
             h.spec = b
             h.auth_headers = b.auth_headers()
             h.post_headers = {**POST_HEADERS, **h.auth_headers}
+            h.engine.pin(b.engine)
             if b.models:
                 h.models = set(b.models)
                 h.models_known = True
@@ -348,15 +386,71 @@ class BackendPool:
             self._on_change()
             await asyncio.sleep(self._scraper.interval)
 
+    async def _get(self, h: BackendHandle, path: str) -> tuple[int, str]:
+        async with self._session.get(
+            f"{h.url}{path}",
+            # the backend's key on its /v1 routes only, as for requests
+            headers=h.auth_headers if path.startswith("/v1/") else None,
+            timeout=aiohttp.ClientTimeout(total=self._scraper.interval * 4),
+        ) as r:
+            return r.status, (await r.read()).decode("utf-8", "replace")
+
+    async def _detect(self, h: BackendHandle) -> tuple[str | None, dict[str, str]]:
+        """The backend's engine from what it answers, and the pages read on the way."""
+        status, text = await self._get(h, "/metrics")
+        pages = {"/metrics": text} if status == 200 else {}
+        name = detect_from_metrics(status, text)
+        for path, detect in (("/v1/models", detect_from_models), ("/info", detect_from_info)):
+            if name is not None:
+                break
+            status, text = await self._get(h, path)
+            if status == 200:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    name = detect(orjson.loads(text))
+        return name, pages
+
+    async def _read_engine(self, h: BackendHandle) -> BackendMetrics | None:
+        """One reading of the backend's metrics by its engine's adapter; None while its
+        engine is not known. Raises what a failed scrape raises."""
+        reading = h.engine
+        now = self._clock.now()
+        pages: dict[str, str] = {}
+        if reading.adapter is None:
+            if now < reading.detect_after:
+                return None
+            name, pages = await self._detect(h)
+            if name is None:
+                if reading.detect_after == -math.inf:
+                    log.warning(
+                        "backend %s: engine not recognised from its /metrics or /v1/models "
+                        "(pin it with `engine:`); latency-only control",
+                        h.name,
+                    )
+                reading.detect_after = now + DETECT_RETRY_S
+                return adapter("none").read({}, now)
+            reading.adapter = adapter(name)
+            log.info("backend %s: engine %s", h.name, name)
+        a = reading.adapter
+        wanted = [
+            r
+            for r in a.routes
+            if r.path not in reading.skip and r.path not in pages and r.path not in reading.static
+        ]
+        answers = await asyncio.gather(*(self._get(h, r.path) for r in wanted))
+        for route, (status, text) in zip(wanted, answers, strict=True):
+            if status == 200:
+                pages[route.path] = text
+                if route.once:
+                    reading.static[route.path] = text
+            elif route.required:
+                raise aiohttp.ClientError(f"{route.path}: HTTP {status}")
+            elif status in _NOT_SERVED and not route.once:
+                reading.skip.add(route.path)
+        return a.read({**reading.static, **pages}, now)
+
     async def _scrape(self, h: BackendHandle) -> None:
         try:
-            async with self._session.get(
-                f"{h.url}/metrics", timeout=aiohttp.ClientTimeout(total=self._scraper.interval * 4)
-            ) as r:
-                if r.status != 200:
-                    raise aiohttp.ClientError(f"HTTP {r.status}")
-                text = (await r.read()).decode("utf-8", "replace")
-            metrics = h.parser.parse(text, self._clock.now())
+            metrics = await self._read_engine(h)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             if h.metrics_ok:
                 log.warning(
@@ -365,8 +459,26 @@ class BackendPool:
             h.metrics_ok = False
             self._controller.metrics_stale(h.name)
             return
+        if metrics is None:
+            return
         h.last_answer = self._clock.now()
+        if metrics.engine == "none":
+            # what the state shows (engine none, no signal), then latency-only control
+            self._controller.on_metrics(h.name, metrics)
+            self._controller.metrics_stale(h.name)
+            h.metrics_ok = False
+            return
         if not h.metrics_ok:
-            log.info("metrics of backend %s available", h.name)
+            missing = [
+                s for s in SIGNALS if metrics.signals is not None and s not in metrics.signals
+            ]
+            log.info(
+                "metrics of backend %s available (engine %s%s)",
+                h.name,
+                metrics.engine,
+                f"; missing {', '.join(missing)}: {h.engine.adapter.start_hint}"
+                if missing and h.engine.adapter is not None
+                else "",
+            )
         h.metrics_ok = True
         self._controller.on_metrics(h.name, metrics)

@@ -344,6 +344,21 @@ PER_BACKEND: dict[str, tuple[str, str, CombineMode]] = {
 }
 
 
+SIGNAL_METRIC = (
+    "sluice_backend_signal",
+    "1 if the backend's engine exports this signal to the limiter, 0 if it lacks it",
+)
+
+
+def _signal_samples(s: dict[str, Any]) -> Iterator[tuple[tuple[str, str, str], float]]:
+    """((backend, engine, signal), 1 or 0) for every backend whose engine is known."""
+    for name, b in s["backends"].items():
+        signals = b.get("signals")
+        if signals:
+            for signal, has in signals.items():
+                yield (name, b.get("engine") or "", signal), 1.0 if has else 0.0
+
+
 class _StateGauges:
     """Multiprocess mode: the state gauges as real gauges, set from the snapshot."""
 
@@ -373,6 +388,12 @@ class _StateGauges:
             key: Gauge(name, doc, ["backend"], registry=registry, multiprocess_mode=mode)
             for key, (name, doc, mode) in PER_BACKEND.items()
         }
+        self.signal = Gauge(
+            *SIGNAL_METRIC,
+            ["backend", "engine", "signal"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self._backends: set[str] = set()
 
     def publish(self) -> None:
@@ -393,6 +414,8 @@ class _StateGauges:
                 value = b.get(key)
                 if value is not None:
                     gauge.labels(name).set(float(value))
+        for labels, value in _signal_samples(s):
+            self.signal.labels(*labels).set(value)
 
 
 class _StateCollector(Collector):
@@ -430,3 +453,7 @@ class _StateCollector(Collector):
                 if value is not None:
                     fam.add_metric([name], float(value))
         yield from families.values()
+        signal = GaugeMetricFamily(*SIGNAL_METRIC, labels=["backend", "engine", "signal"])
+        for labels, value in _signal_samples(s):
+            signal.add_metric(list(labels), value)
+        yield signal

@@ -28,6 +28,10 @@ Scheduling follows vLLM V1's `Scheduler.schedule()`:
    recomputes its prompt and the tokens it had generated;
 2. then, only if nothing was preempted in this step, waiting requests in order while the
    token budget, `max_num_seqs` and free blocks allow.
+With `profile.kv_reserve` "request" or "slot" (engines that never preempt), a waiting
+request is admitted only when the blocks it may reach (its prompt + max_tokens, or one
+slot's share of the cache) are not reserved by the requests running: allocation then never
+runs out, nothing is preempted, and requests wait instead.
 A request that finishes computing all its known tokens samples one new token; it
 finishes when it has produced `output_tokens` tokens (finish reason "length" when that
 is `max_tokens`, "stop" otherwise); its blocks are freed at the end of the step.
@@ -169,6 +173,7 @@ class EngineSnapshot:
     prompt_tokens_total: int
     generation_tokens_total: int
     finished_total: dict[str, int]  # by finish reason
+    reserved_blocks: int = 0  # set aside by admitted requests (kv_reserve engines)
 
 
 _WAITING = 0
@@ -190,6 +195,7 @@ class _Seq:
         "num_tokens",
         "preemptions",
         "req",
+        "reserved",
         "state",
     )
 
@@ -200,6 +206,7 @@ class _Seq:
         self.computed = 0  # tokens whose KV is in the cache
         self.generated = 0
         self.blocks = 0
+        self.reserved = 0  # blocks set aside at admission (kv_reserve engines)
         self.state = _WAITING
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
@@ -214,6 +221,9 @@ class Engine:
         self._rng = random.Random(seed)
         self._block_size = profile.block_size
         self._free_blocks = profile.num_gpu_blocks
+        self._unreserved = profile.num_gpu_blocks  # blocks no admitted request reserved
+        self._reserve = profile.kv_reserve
+        self._slot_blocks = max(1, profile.num_gpu_blocks // profile.max_num_seqs)
         self._seqs: dict[str, _Seq] = {}
         self._running: list[_Seq] = []
         self._waiting: deque[_Seq] = deque()  # may hold aborted entries, skipped lazily
@@ -348,6 +358,12 @@ class Engine:
                 need = -(-(seq.computed + n) // bs) - seq.blocks
                 if need > self._free_blocks:
                     break
+                if self._reserve != "none" and not seq.reserved:
+                    r = self._reservation(seq)
+                    if r > self._unreserved:
+                        break
+                    self._unreserved -= r
+                    seq.reserved = r
                 waiting.popleft()
                 self._num_waiting -= 1
                 self._free_blocks -= need
@@ -426,9 +442,15 @@ class Engine:
             num_generation_tokens=generated,
         )
 
+    def _reservation(self, seq: _Seq) -> int:
+        if self._reserve == "slot":
+            return self._slot_blocks
+        return -(-(seq.req.prompt_tokens + seq.req.max_tokens) // self._block_size)
+
     def _preempt(self, seq: _Seq) -> None:
         self._free_blocks += seq.blocks
-        seq.blocks = 0
+        self._unreserved += seq.reserved
+        seq.blocks = seq.reserved = 0
         seq.computed = 0  # recomputed from scratch when admitted again
         seq.state = _WAITING
         seq.preemptions += 1
@@ -453,7 +475,8 @@ class Engine:
 
     def _finish(self, seq: _Seq, reason: str, now: float, out: list[RequestStats]) -> None:
         self._free_blocks += seq.blocks
-        seq.blocks = 0
+        self._unreserved += seq.reserved
+        seq.blocks = seq.reserved = 0
         seq.state = _DONE
         del self._seqs[seq.req.request_id]
         self._finished_total[reason] += 1
@@ -520,4 +543,5 @@ class Engine:
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
             finished_total=dict(self._finished_total),
+            reserved_blocks=total - self._unreserved,
         )

@@ -9,7 +9,7 @@ running request, and a bisect into a list is several times cheaper."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sluice.sim.engine import FINISH_REASONS, Engine, RequestStats, StepResult
+from sluice.sim.engine import FINISH_REASONS, Engine, EngineSnapshot, RequestStats, StepResult
 
 # vLLM V1 (vllm/v1/metrics/loggers.py) buckets
 TTFT_BUCKETS = (
@@ -77,8 +77,17 @@ def _fmt(bound: float) -> str:
 
 
 class SimMetrics(Collector):
-    def __init__(self, engine: Engine, model_name: str, *, engine_index: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        *,
+        engine_index: int = 0,
+        snapshot: Callable[[], EngineSnapshot] | None = None,
+    ) -> None:
         self.engine = engine
+        # the state the gauges show: the engine's own, or (virtual time) as of its last step
+        self.snapshot = snapshot or engine.snapshot
         self.model_name = model_name
         self._labels = [model_name, str(engine_index)]
         max_len = engine.profile.max_model_len
@@ -194,7 +203,7 @@ class SimMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "engine"]
         values = self._labels
-        snap = self.engine.snapshot()
+        snap = self.snapshot()
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=labels)

@@ -31,6 +31,12 @@ class Profile:
     output_len_sigma: float = 0.8
     # reported in vllm:cache_config_info, like vLLM
     gpu_memory_utilization: float = 0.9
+    # How the engine admits a request against its KV cache (sluice.sim.surfaces sets it
+    # per engine): "none" allocates blocks as tokens come and preempts when they run out
+    # (vLLM, SGLang); "request" reserves prompt + max_tokens at admission and never
+    # preempts (TensorRT-LLM's GUARANTEED_NO_EVICT, TGI's token budget); "slot" gives every
+    # one of max_num_seqs slots its share of the cache (llama.cpp's --parallel).
+    kv_reserve: str = "none"
 
     def __post_init__(self) -> None:
         for field in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -49,6 +55,8 @@ class Profile:
         for field in times:
             if getattr(self, field) < 0:
                 raise ValueError(f"profile {self.name}: {field} must not be negative")
+        if self.kv_reserve not in ("none", "request", "slot"):
+            raise ValueError(f"profile {self.name}: kv_reserve must be none, request or slot")
         if self.output_len_median < 1 or self.output_len_sigma < 0:
             raise ValueError(f"profile {self.name}: bad output length distribution")
 

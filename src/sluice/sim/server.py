@@ -3,9 +3,10 @@
 `create_sim_app(profile, seed=, speed=, model_name=)` returns an aiohttp Application that
 owns one engine, its real-time driver (started and stopped with the app) and its own
 Prometheus registry, so several can run in one process. Routes: POST /v1/chat/completions,
-POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics here, and the
+POST /v1/completions, GET /v1/models, GET /health, GET /version, GET /metrics here, the
 rest of vLLM's surface (responses, messages, pooling, tokenize, audio, batch, LoRA) from
-`sim.routes`.
+`sim.routes`, and what another engine's surface adds or changes (`engine=`:
+sluice.sim.surfaces; vLLM's by default).
 
 The application turns on aiohttp's handler cancellation: when a client disconnects, its
 handler is cancelled wherever it waits (queued or streaming) and the engine request is
@@ -18,17 +19,16 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from sluice.sim.driver import EngineDriver, RequestHandle
 from sluice.sim.engine import FINISH_ABORT, Engine, EngineRequest
-from sluice.sim.metrics import SimMetrics
 from sluice.sim.model_registry import ModelRegistry
 from sluice.sim.openai_api import (
     CHAT,
     COMPLETION,
     DONE_CHUNK,
     ApiError,
+    GenerationRequest,
     ResponseFormatter,
     error_body,
     new_request_id,
@@ -39,6 +39,7 @@ from sluice.sim.profiles import Profile
 from sluice.sim.routes import add_routes
 from sluice.sim.routes_lora import runtime_updates_by_env
 from sluice.sim.routes_responses import store_enabled_by_env
+from sluice.sim.surfaces import DEFAULT_SURFACE, Surface, get_surface
 
 DEFAULT_MODEL_NAME = "sluice-sim"
 SIM_VERSION = "sluice-sim"
@@ -60,16 +61,20 @@ class SimServer:
         model_name: str,
         lora_modules: dict[str, str] | None = None,
         allow_lora_updating: bool = False,
+        surface: Surface | None = None,
     ) -> None:
+        self.surface = surface or get_surface(DEFAULT_SURFACE)
         self.profile = profile
         self.model_name = model_name
         self.models_registry = ModelRegistry(model_name, allow_runtime_updates=allow_lora_updating)
         for name, path in (lora_modules or {}).items():
             self.models_registry.load(name, path)
         self.engine = Engine(profile, seed=seed)
-        self.metrics = SimMetrics(self.engine, model_name)
-        self.driver = EngineDriver(self.engine, on_step=self.metrics.observe_step)
+        self.metrics = self.surface.metrics(self.engine, model_name, self.engine.snapshot)
+        engine, observe = self.engine, self.metrics.observe_step
+        self.driver = EngineDriver(engine, on_step=lambda r: observe(r, engine.snapshot()))
         self.created = int(time.time())
+        self.in_flight = 0  # generation requests being served
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -99,6 +104,18 @@ class SimServer:
             )
         except ApiError as err:
             return _json(err.body(), err.status)
+        refused = self.surface.refusal(self.in_flight)
+        if refused is not None:
+            return _json(refused[1], refused[0])
+        self.in_flight += 1
+        try:
+            return await self._generate_admitted(kind, request, g)
+        finally:
+            self.in_flight -= 1
+
+    async def _generate_admitted(
+        self, kind: str, request: web.Request, g: GenerationRequest
+    ) -> web.StreamResponse:
         request_id = new_request_id(kind)
         fmt = ResponseFormatter(kind, request_id, g.model, g.prompt_tokens, sample_key=g.sample_key)
         engine_req = self.engine.make_request(
@@ -157,6 +174,9 @@ class SimServer:
     # -- the rest -------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.surface.name != DEFAULT_SURFACE:
+            card = self.surface.model_card(self.model_name, self.profile, self.created)
+            return _json(orjson.dumps({"object": "list", "data": [card]}), 200)
         card = {
             "id": self.model_name,
             "object": "model",
@@ -171,14 +191,16 @@ class SimServer:
         return _json(orjson.dumps({"object": "list", "data": cards}), 200)
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        status, body, content_type = self.surface.health()
+        return web.Response(status=status, body=body, content_type=content_type)
 
     async def version(self, request: web.Request) -> web.Response:
         return _json(orjson.dumps({"version": SIM_VERSION}), 200)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        response = web.Response(body=self.metrics.exposition())
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        body, content_type = self.metrics.render(request.path)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
         return response
 
 
@@ -215,22 +237,26 @@ def create_sim_app(
     responses_store: bool | None = None,
     lora_modules: dict[str, str] | None = None,
     allow_lora_updating: bool | None = None,
+    engine: str = DEFAULT_SURFACE,
 ) -> web.Application:
     """A simulator application; `app[SIM_SERVER_KEY]` gives access to its engine.
 
     `responses_store` and `allow_lora_updating` default to vLLM's environment variables
     (VLLM_ENABLE_RESPONSES_API_STORE, VLLM_ALLOW_RUNTIME_LORA_UPDATING); `lora_modules`
-    maps adapter names to paths, loaded at start like vLLM's --lora-modules."""
+    maps adapter names to paths, loaded at start like vLLM's --lora-modules. `engine`
+    names the surface it presents (ValueError if unknown)."""
     if responses_store is None:
         responses_store = store_enabled_by_env()
     if allow_lora_updating is None:
         allow_lora_updating = runtime_updates_by_env()
+    surface = get_surface(engine)
     server = SimServer(
-        profile.scaled(speed),
+        surface.profile(profile.scaled(speed)),
         seed=seed,
         model_name=model_name,
         lora_modules=lora_modules,
         allow_lora_updating=allow_lora_updating,
+        surface=surface,
     )
     app = web.Application(
         middlewares=[_json_errors],
@@ -246,6 +272,16 @@ def create_sim_app(
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/version", server.version)
-    app.router.add_get("/metrics", server.metrics_endpoint)
+    for path in surface.metric_paths:
+        app.router.add_get(path, server.metrics_endpoint)
+    for path, value in surface.static(model_name, server.profile).items():
+        app.router.add_get(path, _static(orjson.dumps(value)))
     add_routes(app, server, responses_store=responses_store)
     return app
+
+
+def _static(body: bytes) -> Any:
+    async def handler(_request: web.Request) -> web.Response:
+        return _json(body, 200)
+
+    return handler

@@ -10,6 +10,7 @@ import sys
 
 from sluice.sim.model_registry import parse_lora_modules
 from sluice.sim.profiles import DEFAULT_PROFILE, PROFILES, Profile, get_profile
+from sluice.sim.surfaces import SURFACES, get_surface
 
 _DEFAULT_MODEL = "sluice-sim"
 
@@ -36,6 +37,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--speed", type=float, default=1.0, help="run X times faster than the profile (1.0)"
+    )
+    parser.add_argument(
+        "--engine",
+        default="vllm",
+        choices=sorted(SURFACES),
+        help="whose surface to present: metric names and routes, health and models answers, "
+        "admission and refusals (vllm)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for output lengths (0)")
     parser.add_argument(
@@ -116,6 +124,7 @@ async def _serve(args: argparse.Namespace, profile: Profile) -> int:
         seed=args.seed,
         speed=args.speed,
         model_name=args.model,
+        engine=args.engine,
         responses_store=args.enable_responses_store,
         lora_modules=parse_lora_modules(args.lora_modules),
         allow_lora_updating=args.allow_runtime_lora_updating,
@@ -130,8 +139,10 @@ async def _serve(args: argparse.Namespace, profile: Profile) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    profile = get_surface(args.engine).profile(profile)
     print(
-        f"sluice sim: serving model {args.model!r} on http://{args.host}:{port} "
+        f"sluice sim: {args.engine} surface, serving model {args.model!r} on "
+        f"http://{args.host}:{port} "
         f"(profile {profile.name}: {profile.num_gpu_blocks} KV blocks x {profile.block_size} "
         f"tokens, max_num_seqs {profile.max_num_seqs}, max_model_len {profile.max_model_len}, "
         f"speed x{args.speed:g}, seed {args.seed})",

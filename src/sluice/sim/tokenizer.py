@@ -2,8 +2,10 @@
 
 The simulator has no vocabulary; its rule is one token per 4 bytes of UTF-8 text
 (`tokens.count_text_tokens`). The ids here make that rule reversible: each 4-byte chunk of
-a text becomes the integer whose big-endian bytes are 0x01 followed by the chunk, so
+a text becomes the integer whose big-endian bytes are 0x02 followed by the chunk, so
 `detokenize(tokenize(text)) == text` and `len(tokenize(text)) == count_text_tokens(text)`.
+(0x02, not 0x01: every such id is then 512 or more and none equals a special or role id
+below; with 0x01 the text "\x0f" was id 271, "\n\n", and "1o" was 78191, "assistant".)
 A chat prompt is laid out as Llama-3's template, with its special-token ids, so that its
 length is `tokens.count_chat_tokens(messages)`:
 
@@ -22,6 +24,7 @@ BEGIN_OF_TEXT = 128000
 START_HEADER = 128006
 END_HEADER = 128007
 EOT = 128009
+_TEXT = b"\x02"  # the first byte of a text chunk's id
 NEWLINES = 271  # "\n\n" in Llama-3's vocabulary
 UNKNOWN_ROLE = 128255  # a reserved special token
 ROLE_IDS = {"system": 9125, "user": 882, "assistant": 78191, "tool": 14506, "ipython": 23799}
@@ -39,12 +42,12 @@ SPECIAL = {
 def encode_text(text: str) -> list[int]:
     data = text.encode("utf-8", "replace")
     step = tokens.BYTES_PER_TOKEN
-    return [int.from_bytes(b"\x01" + data[i : i + step], "big") for i in range(0, len(data), step)]
+    return [int.from_bytes(_TEXT + data[i : i + step], "big") for i in range(0, len(data), step)]
 
 
 def _chunk(token: int) -> bytes:
     raw = token.to_bytes((token.bit_length() + 7) // 8, "big")
-    if raw[:1] != b"\x01" or not 2 <= len(raw) <= tokens.BYTES_PER_TOKEN + 1:
+    if raw[:1] != _TEXT or not 2 <= len(raw) <= tokens.BYTES_PER_TOKEN + 1:
         raise ValueError(f"token id {token} is not in the simulator's vocabulary")
     return raw[1:]
 

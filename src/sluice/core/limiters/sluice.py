@@ -46,14 +46,16 @@ Control:
     and only while in-flight >= near_limit * usable_share * limit (usable_share = 1 -
     reserved.p0: what queued P1/P2 requests may fill): +1 per sample until the first cut
     (slow start: the limit can follow the arrivals), then +min(1, growth / sqrt(limit)).
-  * KV budget: when the backend reports num_gpu_blocks and block_size, in-flight
-    estimated KV tokens may not exceed kv_budget_fraction of capacity (the dispatcher
-    checks it per request), and the limit is also capped at budget / footprint, the
-    footprint being the larger of the EWMA of the requests dispatched here and, when the
-    controller provides it (`demand_footprint`), the EWMA of the requests being admitted
-    for this backend's models: the mix that comes next. So the limit falls as soon as
-    long prompts arrive, not once the short ones queued before them have been sent, and
-    rises back only once the long ones queued have been sent.
+  * KV budget: when the backend reports its KV capacity (blocks x block size, or in tokens),
+    in-flight estimated KV tokens may not exceed kv_budget_fraction of capacity (the
+    dispatcher checks it per request), and the limit is also capped at budget / footprint,
+    the footprint being the larger of the EWMA of the requests dispatched here and, when the
+    controller provides it (`demand_footprint`), the EWMA of the requests being admitted for
+    this backend's models: the mix that comes next. So the limit falls as soon as long
+    prompts arrive, not once the short ones queued before them have been sent, and rises
+    back only once the long ones queued have been sent.
+  * Engine cap: an engine that refuses requests beyond a number in flight (TGI's
+    max_concurrent_requests, from its /info) caps the limit there.
   * Shared backends (several gateway replicas, each with its own limiters): on each
     fresh scrape the others' requests (running + waiting beyond our in-flight count) are
     counted at our mean footprint, and at least as the usage that is not ours; we claim
@@ -179,6 +181,7 @@ class SluiceLimiter(LimiterBase):
         self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
         self._hard = False  # the last scrape showed hard congestion
         self._preemptions_seen: float | None = None
+        self._engine_cap: int | None = None  # requests the engine accepts at once
         self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
         self.last_cut_reason = ""
         self.cut_reasons: dict[str, int] = {}
@@ -319,9 +322,11 @@ class SluiceLimiter(LimiterBase):
             self._maybe_grow(now)
 
     def on_metrics(self, m: BackendMetrics, now: float) -> None:
-        if m.num_gpu_blocks and m.block_size:
-            self._kv_capacity = float(m.num_gpu_blocks * m.block_size)
+        capacity = m.kv_capacity
+        if capacity:
+            self._kv_capacity = capacity
         self._kv_usage = m.kv_usage
+        self._engine_cap = m.max_concurrency
         self._kv_scrape_budget = self._shared_budget(m)
         reason = ""
         # A request that arrived since the engine's last step shows as waiting until the
@@ -432,4 +437,6 @@ class SluiceLimiter(LimiterBase):
                 fp = ahead
         if budget is not None and fp:
             eff = min(eff, math.floor(budget / fp))
+        if self._engine_cap:
+            eff = min(eff, self._engine_cap)
         self._effective = max(self.min_limit, eff)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.gateway.backend_metrics import MetricsParser
+from sluice.gateway.engines.vllm import VllmAdapter
 
 LABELS = 'engine="0",model_name="sluice-tiny-llama"'
 BUCKETS = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5",
@@ -84,7 +84,7 @@ def test_a_vllm_page_reads_as_a_full_prometheus_parse_reads_it() -> None:
     itl = [0, 50, 400, 800, 900, 950, 990, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
            1000, 1000]  # fmt: skip
     text = _page(ttft, itl, running=7.0, preemptions=12.0)
-    m = MetricsParser().parse(text, at=3.0)
+    m = VllmAdapter().read({"/metrics": text}, at=3.0)
     got = {key: getattr(m, key) for key in _reference(text)}
     assert got == _reference(text)
     assert m.at == 3.0
@@ -95,12 +95,14 @@ def test_a_vllm_page_reads_as_a_full_prometheus_parse_reads_it() -> None:
 
 
 def test_the_next_scrape_reads_p95s_over_its_window_only() -> None:
-    parser = MetricsParser()
+    parser = VllmAdapter()
     zeros = [0] * len(BUCKETS)
-    parser.parse(_page([0] * 7 + [100] * 10, zeros, running=1.0, preemptions=0.0), at=0.0)
+    parser.read(
+        {"/metrics": _page([0] * 7 + [100] * 10, zeros, running=1.0, preemptions=0.0)}, at=0.0
+    )
     # 100 more first tokens, all between 1.0 and 2.5 s
     later = [0] * 7 + [100] * 5 + [200] * 5
-    m = parser.parse(_page(later, zeros, running=1.0, preemptions=0.0), at=0.25)
+    m = parser.read({"/metrics": _page(later, zeros, running=1.0, preemptions=0.0)}, at=0.25)
     assert m.ttft_p95_s == pytest.approx(1.0 + 1.5 * 0.95)
     assert m.tpot_p95_s is None  # no token in the window
 
@@ -111,19 +113,17 @@ def test_counters_are_read_with_or_without_total_and_summed_over_engines() -> No
         'vllm:num_requests_running{engine="1"} 3 1700000000000\n'  # with a timestamp
         "vllm:num_preemptions 4\n"
     )
-    m = MetricsParser().parse(text, at=0.0)
+    m = VllmAdapter().read({"/metrics": text}, at=0.0)
     assert (m.running, m.preemptions_total, m.waiting, m.kv_usage) == (5.0, 4.0, None, None)
 
 
-def test_sglang_names() -> None:
-    text = "sglang:num_running_reqs 4\nsglang:num_queue_reqs 1\nsglang:token_usage 0.25\n"
-    m = MetricsParser().parse(text, at=0.0)
-    assert (m.running, m.waiting, m.kv_usage) == (4.0, 1.0, 0.25)
-
-
 def test_a_broken_wanted_line_is_an_error_and_a_broken_other_line_is_not() -> None:
-    MetricsParser().parse("some_other_series{ garbage\nvllm:num_requests_running 1\n", at=0)
+    VllmAdapter().read(
+        {"/metrics": "some_other_series{ garbage\nvllm:num_requests_running 1\n"}, at=0
+    )
     with pytest.raises(ValueError):
-        MetricsParser().parse('vllm:num_requests_running{engine="0"} many\n', at=0)
+        VllmAdapter().read({"/metrics": 'vllm:num_requests_running{engine="0"} many\n'}, at=0)
     with pytest.raises(ValueError):
-        MetricsParser().parse('vllm:time_to_first_token_seconds_bucket{engine="0"} 1\n', at=0)
+        VllmAdapter().read(
+            {"/metrics": 'vllm:time_to_first_token_seconds_bucket{engine="0"} 1\n'}, at=0
+        )

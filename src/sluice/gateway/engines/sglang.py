@@ -1,0 +1,91 @@
+"""SGLang's /metrics (Prometheus; the server needs `--enable-metrics`).
+
+Names from SGLang's own source, `python/sglang/srt/metrics/collector.py`
+(SchedulerMetricsCollector and TokenizerMetricsCollector; 0.4.x to 0.5.x):
+`sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage` (0..1, the share
+of the KV pool in use), the histograms `sglang:time_to_first_token_seconds` and
+`sglang:inter_token_latency_seconds` (`sglang:time_per_output_token_seconds` in 0.4).
+KV capacity in tokens, by version: the gauge `sglang:max_total_num_tokens` (0.5.x), the
+gauges `sglang:page_size` x `sglang:num_pages` (0.5.11 on), the labels of
+`sglang:cache_config_info{page_size,num_pages}` (0.5.x before 0.5.11, as the Gateway API
+Inference Extension's model-server protocol table reads it), else derived as
+`sglang:num_used_tokens / sglang:token_usage` while the pool is in use (0.4.x, which has
+neither). Preemptions are "retractions": the counter
+`sglang:num_retracted_requests_total` (0.5.x), else the gauge `sglang:num_retracted_reqs`
+(the last batch's retractions), turned here into a counter that rises with every scrape
+that shows retractions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sluice.core.types import BackendMetrics
+from sluice.gateway.engines.base import EngineAdapter, Route
+from sluice.gateway.engines.prom import Page, Scanner, WindowedP95, int_or_none
+
+RUNNING = "sglang:num_running_reqs"
+WAITING = "sglang:num_queue_reqs"
+USAGE = "sglang:token_usage"
+USED = "sglang:num_used_tokens"
+MAX_TOKENS = "sglang:max_total_num_tokens"
+PAGE_SIZE = "sglang:page_size"
+NUM_PAGES = "sglang:num_pages"
+RETRACTED_TOTAL = "sglang:num_retracted_requests"
+RETRACTED_NOW = "sglang:num_retracted_reqs"
+CACHE_INFO = "sglang:cache_config_info"
+TTFT = ("sglang:time_to_first_token_seconds",)
+TPOT = ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+
+
+class SglangAdapter(EngineAdapter):
+    name = "sglang"
+    routes = (Route("/metrics", required=True),)
+    start_hint = "start SGLang with --enable-metrics"
+
+    def __init__(self) -> None:
+        values = (RUNNING, WAITING, USAGE, USED, MAX_TOKENS, PAGE_SIZE, NUM_PAGES)
+        self._scan = Scanner(
+            (*values, RETRACTED_TOTAL, RETRACTED_NOW), (*TTFT, *TPOT), (CACHE_INFO,)
+        )
+        self._ttft = WindowedP95()
+        self._tpot = WindowedP95()
+        self._capacity: float | None = None  # derived from used / usage (kept: static)
+        self._retractions = 0.0  # a counter made from the gauge, when there is no counter
+
+    def read(self, pages: Mapping[str, str], at: float) -> BackendMetrics:
+        page = self._scan.scan(pages["/metrics"])
+        v = page.values
+        capacity = self._kv_capacity(page)
+        preemptions = v.get(RETRACTED_TOTAL)
+        if preemptions is None and RETRACTED_NOW in v:
+            self._retractions += max(0.0, v[RETRACTED_NOW])
+            preemptions = self._retractions
+        ttft, has_ttft = self._ttft.update(page, TTFT)
+        tpot, has_tpot = self._tpot.update(page, TPOT)
+        return self.metrics(
+            at,
+            has_ttft=has_ttft,
+            has_tpot=has_tpot,
+            running=v.get(RUNNING),
+            waiting=v.get(WAITING),
+            kv_usage=v.get(USAGE),
+            preemptions_total=preemptions,
+            kv_capacity_tokens=capacity,
+            ttft_p95_s=ttft,
+            tpot_p95_s=tpot,
+        )
+
+    def _kv_capacity(self, page: Page) -> float | None:
+        v = page.values
+        if v.get(MAX_TOKENS):
+            return v[MAX_TOKENS]
+        if v.get(PAGE_SIZE) and v.get(NUM_PAGES):
+            return v[PAGE_SIZE] * v[NUM_PAGES]
+        info = page.infos.get(CACHE_INFO, {})
+        size, count = int_or_none(info.get("page_size")), int_or_none(info.get("num_pages"))
+        if size and count:
+            return float(size * count)
+        usage, used = v.get(USAGE), v.get(USED)
+        if usage and used and usage >= 0.01:  # too little in use gives a poor ratio
+            self._capacity = used / usage
+        return self._capacity
