@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.gateway.returns import BOOKING_HEADER, SECRET_ENV, BookingTokens, booking_secret
+from sluice.core.types import Admission, RejectCode, Rejection
+from sluice.gateway.returns import (
+    BOOKING_HEADER,
+    SECRET_ENV,
+    WINDOW_HEADER,
+    BookingTokens,
+    booking_secret,
+)
 
 
 def tokens(secret: bytes = b"k", wall: float = 1000.0, core: float = 50.0) -> BookingTokens:
@@ -52,3 +59,20 @@ def test_the_key_is_the_policys_shared_secret_else_the_workers_else_random(
     assert booking_secret(None) == b"workers"
     monkeypatch.delenv(SECRET_ENV)
     assert booking_secret(None) != booking_secret(None)  # a random key per process
+
+
+def test_a_refusal_with_a_booking_hands_its_token_and_window_and_one_without_nothing() -> None:
+    t = tokens()
+    refused = Admission(
+        queued=False,
+        code=RejectCode.FAST_REJECT,
+        retry_after_s=4.25,
+        booking="ab-7",
+        retry_window_s=0.062,
+    )
+    h = t.refusal_headers(refused, 2, "batch")
+    assert h[WINDOW_HEADER] == "62"
+    assert t.return_claim(h, "batch", 2) == ("ab-7", pytest.approx(54.25))
+    dropped = Rejection("r1", RejectCode.QUEUE_TIMEOUT, 3.0, 15.0, "ab-8", 0.5)
+    assert t.return_claim(t.refusal_headers(dropped, 2, "batch"), "batch", 2)[0] == "ab-8"
+    assert t.refusal_headers(Admission(False, RejectCode.QUEUE_FULL, 2.0), 2, "batch") == {}

@@ -504,14 +504,9 @@ class Gateway:
                 if failed is not None:
                     return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = admission.code.value
+                headers.update(self.tokens.refusal_headers(admission, priority, tenant.name))
                 return self._rejected(
-                    priority,
-                    admission.code,
-                    admission.retry_after_s,
-                    headers,
-                    breaker,
-                    self._token(admission.booking, priority, tenant.name, admission.retry_after_s),
-                    admission.retry_window_s,
+                    priority, admission.code, admission.retry_after_s, headers, breaker
                 )
             decision = admission.assignment or await self.bridge.wait(request_id)
             queued_total += decision.queued_s
@@ -522,14 +517,9 @@ class Gateway:
                 if failed is not None:
                     return self._retry_gave_up(failed, priority, started, fields, headers)
                 fields["outcome"] = decision.code.value
+                headers.update(self.tokens.refusal_headers(decision, priority, tenant.name))
                 return self._rejected(
-                    priority,
-                    decision.code,
-                    decision.retry_after_s,
-                    headers,
-                    breaker,
-                    self._token(decision.booking, priority, tenant.name, decision.retry_after_s),
-                    decision.retry_window_s,
+                    priority, decision.code, decision.retry_after_s, headers, breaker
                 )
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
             if self.policy.expose.backend_names:
@@ -641,13 +631,6 @@ class Gateway:
         self.telemetry.observe_latency(priority, self.clock.now() - started)
         return failed.response
 
-    def _token(
-        self, booking: str | None, priority: int, tenant: str, retry_after_s: float
-    ) -> str | None:
-        return (
-            None if booking is None else self.tokens.issue(booking, priority, tenant, retry_after_s)
-        )
-
     def _rejected(
         self,
         priority: int,
@@ -655,8 +638,6 @@ class Gateway:
         retry_after_s: float,
         headers: dict[str, str],
         breaker: CircuitBreaker | None,
-        booking: str | None = None,
-        window_s: float = 0.0,
     ) -> web.Response:
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
@@ -664,9 +645,7 @@ class Gateway:
         self.telemetry.outcome(priority, "rejected")
         if code is not RejectCode.CANNOT_SERVE_IN_TIME:
             self.telemetry.retry_after.labels(str(priority)).observe(retry_after_s)
-        return reject_response(
-            code, retry_after_s, self.policy.queue(priority).name, headers, booking, window_s
-        )
+        return reject_response(code, retry_after_s, self.policy.queue(priority).name, headers)
 
     async def _fallback(
         self,

@@ -16,7 +16,6 @@ import orjson
 from aiohttp import web
 
 from sluice.core.types import RejectCode
-from sluice.gateway.returns import BOOKING_HEADER, WINDOW_HEADER
 
 log = logging.getLogger("sluice.gateway")
 
@@ -86,31 +85,18 @@ _REJECT_MESSAGES = {
 
 
 def reject_response(
-    code: RejectCode,
-    retry_after_s: float,
-    queue: str,
-    headers: dict[str, str],
-    booking: str | None = None,
-    window_s: float = 0.0,
+    code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
 ) -> web.Response:
-    """A refusal: 429 (503 without a backend) with Retry-After, and when a return slot was
-    booked for it the token the client sends back and the window it should spread its
-    return over (gateway/returns.py). `cannot_serve_in_time` has no Retry-After (none would
-    be before the client's deadline) and says not to retry (`x-should-retry`, which the
-    openai and anthropic SDKs obey); `too_large` is a 400 (the client's to fix)."""
+    # `cannot_serve_in_time` (no room before the client's deadline): no Retry-After, and
+    # x-should-retry: false, which the openai and anthropic SDKs obey. A booked return
+    # slot's token is among `headers` (gateway/returns.py).
+    message = _REJECT_MESSAGES[code].format(queue=queue, room=math.ceil(retry_after_s))
     if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
-        message = _REJECT_MESSAGES[code].format(queue=queue)
         return error_response(400, message, code.value, headers)
     status = 503 if code is RejectCode.NO_BACKEND else 429
     if code is RejectCode.CANNOT_SERVE_IN_TIME:
-        hdrs = {**headers, "x-should-retry": "false"}
-        message = _REJECT_MESSAGES[code].format(queue=queue, room=math.ceil(retry_after_s))
-        return error_response(status, message, code.value, hdrs)
+        return error_response(status, message, code.value, {**headers, "x-should-retry": "false"})
     hdrs = {**headers, **retry_after_headers(retry_after_s)}
-    if booking is not None:
-        hdrs[BOOKING_HEADER] = booking
-        hdrs[WINDOW_HEADER] = str(round(window_s * 1000))
-    message = _REJECT_MESSAGES[code].format(queue=queue)
     return error_response(status, message, code.value, hdrs)
 
 

@@ -15,8 +15,10 @@ tenant or class) is no claim at all: the request is a fresh arrival. One of anot
 replica carries its due time: that replica's booking is honoured here if it comes back
 in its slot (this replica's ledger does not hold it; see the replicas part of the doc).
 
-`return_claim` is the one function the request path calls: headers in, (booking id, slot
-on the core's clock) out.
+The request path calls two methods, and nothing else of return slots: `return_claim`
+(the request's headers in; the booking it claims and its slot on the core's clock out, for
+`RequestInfo`) and `refusal_headers` (a refusal the core answered in; the headers its 429
+adds out).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
+
+from sluice.core.types import Admission, Rejection
 
 BOOKING_HEADER = "X-Sluice-Booking"
 WINDOW_HEADER = "X-Sluice-Retry-Window-Ms"
@@ -64,6 +68,16 @@ class BookingTokens:
         """The token of a booking whose client is due back in `retry_after_s`."""
         due_ms = round((self._wall_now() + retry_after_s) * 1000)
         return f"{booking}.{priority}.{due_ms}.{self._mac(booking, priority, tenant, due_ms)}"
+
+    def refusal_headers(
+        self, refusal: Admission | Rejection, priority: int, tenant: str
+    ) -> dict[str, str]:
+        """What a refusal that booked a return slot adds to its 429: the token to send
+        back and the window to spread the return over (none for a refusal without one)."""
+        if refusal.booking is None:
+            return {}
+        token = self.issue(refusal.booking, priority, tenant, refusal.retry_after_s)
+        return {BOOKING_HEADER: token, WINDOW_HEADER: str(round(refusal.retry_window_s * 1000))}
 
     def return_claim(
         self, headers: Mapping[str, str], tenant: str, priority: int
