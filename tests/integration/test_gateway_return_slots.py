@@ -7,6 +7,7 @@ SDK, left to itself, brings every refused request back in its slot."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterator
 
@@ -137,6 +138,38 @@ async def test_a_deadline_before_any_room_is_told_so_and_not_retried(
         await load
     retries = gw.metrics().get('sluice_client_retries_total{client="openai-sdk",priority="2"}', 0)
     assert retries == 0  # x-should-retry: false kept the openai SDK from retrying
+
+
+async def test_no_retry_after_points_past_the_clients_deadline(
+    gateway: tuple[SimProcess, GatewayProcess],
+) -> None:
+    # random deadlines in both headers under overload: every 429 either fits its Retry-After
+    # (whole seconds and ms) in what the client has left, or says it cannot be served in time
+    _, gw = gateway
+    rng = random.Random(17)
+    answers: list[tuple[float, httpx.Response]] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        load = asyncio.create_task(_load(client, gw.url, time.monotonic() + 10.0))
+        await asyncio.sleep(2.0)  # the rates warm up
+        while not load.done():
+            left = round(rng.uniform(0.3, 30.0), 2)
+            header = rng.choice(["X-Request-Timeout", "X-Stainless-Timeout"])
+            r = await client.post(
+                gw.url + "/v1/completions", json=BODY, headers={**KEY, header: str(left)}
+            )
+            answers.append((left, r))
+            await asyncio.sleep(0.02)
+        await load
+    refused = [(left, r) for left, r in answers if r.status_code == 429]
+    told = [r for _, r in refused if r.json()["error"]["code"] == "cannot_serve_in_time"]
+    given = [(left, r) for left, r in refused if "retry-after" in r.headers]
+    assert len(told) + len(given) == len(refused)
+    assert given and told, (len(given), len(told))  # both answers were seen
+    for left, r in given:
+        assert int(r.headers["retry-after"]) <= left, (left, dict(r.headers))
+        assert int(r.headers["retry-after-ms"]) <= 1000 * left, (left, dict(r.headers))
+    for r in told:
+        assert r.headers["x-should-retry"] == "false" and "retry-after-ms" not in r.headers
 
 
 async def test_the_sdk_brings_refused_requests_back_in_their_slots(

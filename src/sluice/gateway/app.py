@@ -506,7 +506,7 @@ class Gateway:
                 fields["outcome"] = admission.code.value
                 headers.update(self.tokens.refusal_headers(admission, priority, tenant.name))
                 return self._rejected(
-                    priority, admission.code, admission.retry_after_s, headers, breaker
+                    priority, admission.code, admission.retry_after_s, headers, breaker, deadline
                 )
             decision = admission.assignment or await self.bridge.wait(request_id)
             queued_total += decision.queued_s
@@ -519,7 +519,7 @@ class Gateway:
                 fields["outcome"] = decision.code.value
                 headers.update(self.tokens.refusal_headers(decision, priority, tenant.name))
                 return self._rejected(
-                    priority, decision.code, decision.retry_after_s, headers, breaker
+                    priority, decision.code, decision.retry_after_s, headers, breaker, deadline
                 )
             self.telemetry.observe_queue_wait(priority, decision.queued_s)
             if self.policy.expose.backend_names:
@@ -638,6 +638,7 @@ class Gateway:
         retry_after_s: float,
         headers: dict[str, str],
         breaker: CircuitBreaker | None,
+        deadline: float | None = None,
     ) -> web.Response:
         if breaker is not None and code is not RejectCode.TENANT_QUOTA:
             breaker.record_shed()
@@ -645,7 +646,9 @@ class Gateway:
         self.telemetry.outcome(priority, "rejected")
         if code is not RejectCode.CANNOT_SERVE_IN_TIME:
             self.telemetry.retry_after.labels(str(priority)).observe(retry_after_s)
-        return reject_response(code, retry_after_s, self.policy.queue(priority).name, headers)
+        queue = self.policy.queue(priority).name
+        within_s = None if deadline is None else deadline - self.clock.now()
+        return reject_response(code, retry_after_s, queue, headers, within_s)
 
     async def _fallback(
         self,
