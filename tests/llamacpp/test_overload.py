@@ -179,6 +179,9 @@ async def test_a_3x_flood_direct_and_through_sluice(llama: LlamaServer) -> None:
         )
     finally:
         gw.stop()
+    # llama.cpp's HTTP server closes kept-alive connections on its own terms: the gateway
+    # reconnects, it never takes the backend out of service for it
+    lost = [line for line in gw.output if "out of service" in line]
     figures = {
         "capacity_rps": round(capacity, 2),
         "flood_rps": round(rps, 2),
@@ -201,6 +204,7 @@ async def test_a_3x_flood_direct_and_through_sluice(llama: LlamaServer) -> None:
     print("\n" + json.dumps(figures, indent=2))
 
     d, s = figures["direct"], figures["sluice"]
+    assert not lost, lost
     assert d["max_deferred"] >= 2 * SLOTS, f"direct: the flood did not pile up ({figures})"
     assert d["p0"]["slo_attainment"] < 0.5, f"direct: P0 kept its SLO, nothing proven ({figures})"
     assert s["p0"]["slo_attainment"] >= P0_SLO_SHARE, f"through Sluice P0 missed its SLO: {figures}"
