@@ -1,7 +1,8 @@
 """guidellm against Sluice and straight at the backend, side by side in one run (issue
 14's must-show): two `sluice sim` processes of the same profile and seed, `sluice serve`
 in front of one; two guidellm runs at the same constant rate (below the backend's
-capacity) started together, one at the gateway, one at the other simulator. guidellm
+capacity) started together (or one after the other: `--one-after-the-other`), one at
+the gateway, one at the other simulator. guidellm
 validates its target with GET /health first (Sluice answered 404 there before).
 
     python bench/adversarial/guidellm_compare.py [--rate 4] [--seconds 60]
@@ -102,6 +103,11 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, default=Path("reports/guidellm"))
+    p.add_argument(
+        "--one-after-the-other",
+        action="store_true",
+        help="run the arms in turn, not at once (on 2 cores two guidellm runs saturate them)",
+    )
     args = p.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -114,11 +120,15 @@ def main() -> int:
     try:
         t0 = time.monotonic()
         with BusySampler() as busy:
-            runs = {
-                "direct": guidellm(venv, sims[0].url, args.out / "direct.json", args, None),
-                "sluice": guidellm(venv, gw.url, args.out / "sluice.json", args, KEY),
-            }
-            codes = {name: proc.wait(args.seconds * 4 + 300) for name, proc in runs.items()}
+            targets = {"direct": (sims[0].url, None), "sluice": (gw.url, KEY)}
+            runs: dict[str, subprocess.Popen[bytes]] = {}
+            codes: dict[str, int] = {}
+            for name, (url, key) in targets.items():
+                runs[name] = guidellm(venv, url, args.out / f"{name}.json", args, key)
+                if args.one_after_the_other:
+                    codes[name] = runs[name].wait(args.seconds * 4 + 300)
+            for name, proc in runs.items():
+                codes[name] = proc.wait(args.seconds * 4 + 300)
         elapsed = time.monotonic() - t0
     finally:
         gw.stop()

@@ -37,9 +37,9 @@ def ablate(parts: set[str]) -> None:
 
         CircuitBreaker.record_success = lambda _self: None  # type: ignore[method-assign]
     if "access" in parts:
-        import sluice.gateway.app as app
+        import sluice.gateway.stages.access_record as access_record
 
-        app.access = lambda _fields: None
+        access_record.access = lambda _fields: None
     if "cost" in parts:
         from sluice.core.token_cost import TokenCostModel
 

@@ -38,6 +38,9 @@ LABELS: dict[str, str] = {
     "granian": "bare ASGI on granian",
     "nginx": "nginx",
     "sluice": "sluice",
+    # another build of sluice (--baseline-bin), e.g. main's tree before a change, side by
+    # side with this one in the same run
+    "sluice-before": "sluice (before)",
 }
 
 
@@ -260,6 +263,7 @@ def start_arm(
     nginx_workers: int = 1,
     sluice_cfg: Path | None = None,
     sluice_bin: Path = VENV_BIN / "sluice",
+    baseline_bin: Path | None = None,
     concurrency: int = 16,
     prefix: list[str] | None = None,
     ready_s: float = 30.0,
@@ -325,7 +329,11 @@ def start_arm(
         arm = Arm(name, f"http://127.0.0.1:{port}", proc, tmp, log)
     elif name == "nginx":
         arm = _start_nginx(tmp, upstream, port, nginx_workers)
-    elif name == "sluice":
+    elif name in ("sluice", "sluice-before"):
+        if name == "sluice-before":
+            if baseline_bin is None:
+                raise ArmSkipped("sluice-before needs --baseline-bin (another sluice build)")
+            sluice_bin = baseline_bin
         why = sluice_serve_available(sluice_bin)
         if why:
             raise ArmSkipped(why)

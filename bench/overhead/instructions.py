@@ -128,6 +128,7 @@ def measure(name: str, upstream: Arm, tmp: Path, args: argparse.Namespace) -> tu
         upstream.url,
         sluice_cfg=args.sluice_config or few_scrapes(tmp, args.concurrency),
         sluice_bin=args.sluice_bin,
+        baseline_bin=args.baseline_bin,
         concurrency=args.concurrency,
         prefix=prefix,
         ready_s=READY_S,
@@ -158,6 +159,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sluice-bin", type=Path, default=VENV_BIN / "sluice")
+    parser.add_argument(
+        "--baseline-bin",
+        type=Path,
+        default=None,
+        help="the sluice executable of the sluice-before arm (e.g. main's tree's)",
+    )
     parser.add_argument("--sluice-config", type=Path, default=None)
     parser.add_argument(
         "--ablate",

@@ -108,6 +108,12 @@ def main() -> int:
     parser.add_argument(
         "--sluice-bin", type=Path, default=VENV_BIN / "sluice", help="the sluice executable"
     )
+    parser.add_argument(
+        "--baseline-bin",
+        type=Path,
+        default=None,
+        help="the sluice executable of the sluice-before arm (e.g. main's tree's)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out")
     args = parser.parse_args()
 
@@ -139,7 +145,7 @@ def main() -> int:
                 # base latency, as in production, instead of carrying the fast stream's
                 # per-token time into the paced one (the fake upstream changes speed on
                 # request, a real backend would not).
-                for mode in modes if name == "sluice" else [None]:
+                for mode in modes if name.startswith("sluice") else [None]:
                     try:
                         arm = start_arm(
                             name,
@@ -148,6 +154,7 @@ def main() -> int:
                             nginx_workers=args.nginx_workers,
                             sluice_cfg=args.sluice_config,
                             sluice_bin=args.sluice_bin,
+                            baseline_bin=args.baseline_bin,
                             concurrency=args.concurrency,
                         )
                     except ArmSkipped as exc:

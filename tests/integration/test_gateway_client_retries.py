@@ -81,7 +81,10 @@ async def test_retry_transport_succeeds_after_back_off(
     stats = transport.stats
     assert stats.retries > 0
     m = gw.metrics()
-    assert m.get('sluice_rejections_total{code="queue_full",priority="1"}', 0) >= stats.retries
+    assert (
+        m.get('sluice_rejections_total{code="queue_full",priority="1",route="chat"}', 0)
+        >= stats.retries
+    )
     assert _retries(gw, "sluice-sdk") == stats.retries
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import statistics
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+from abort_timing import abort_delays
 from conftest import SimFactory, SimProcess
 from gateway_proc import GatewayProcess, start_gateway
 
@@ -201,105 +200,24 @@ async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory) -
         "--profile", "tiny", "--kv-blocks", "4096", "--max-num-seqs", "128", "--speed", "1"
     )
     gw = start_gateway([sim.url], POLICY_BIG_LIMIT)
-    model = _model(sim)
-    n = 50
-    first_tokens = 0
-    all_started = asyncio.Event()
-    close = asyncio.Event()
-    closed_at: list[float] = []
-    limits = httpx.Limits(max_connections=n + 5)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-
-        async def one() -> None:
-            nonlocal first_tokens
-            async with client.stream(
-                "POST",
-                gw.url + "/v1/chat/completions",
-                headers={"Authorization": "Bearer sk-demo-p0"},
-                json={
-                    "model": model,
-                    "messages": PROMPT,
-                    "max_tokens": 2000,
-                    "ignore_eos": True,
-                    "stream": True,
-                },
-            ) as r:
-                assert r.status_code == 200
-                # Keep the iterator: closing it would close the connection early.
-                lines = r.aiter_lines()
-                async for line in lines:
-                    if line.startswith("data: {") and '"content":"' in line:
-                        break
-                first_tokens += 1
-                if first_tokens == n:
-                    all_started.set()
-                await close.wait()
-            closed_at.append(time.monotonic())  # the connection is closed here
-
-        tasks = [asyncio.create_task(one()) for _ in range(n)]
-        await asyncio.wait_for(all_started.wait(), 30)
-        before = sim.metrics()
-        assert before["vllm:num_requests_running"] == n
-        key = 'vllm:request_success_total{finished_reason="abort"}'
-        # Another process polls the backend's abort counter over a warm connection and
-        # stamps each reading with the system-wide monotonic clock: this process is busy
-        # closing 50 streams and would delay its own readings.
-        poller = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _POLLER,
-            sim.url,
-            key,
-            str(before.get(key, 0) + n),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert poller.stdout is not None
-        assert (await poller.stdout.readline()).strip() == b"ready"
-        close.set()
-        await asyncio.gather(*tasks)
-        out = (await asyncio.wait_for(poller.communicate(), 10))[0].decode()
-    samples = [
-        (float(t), int(float(c) - before.get(key, 0)))
-        for t, c in (line.split() for line in out.splitlines())
-    ]
-    gw.stop()
-    assert samples and samples[-1][1] == n, f"only {samples[-1][1]} of {n} aborted"
-    # The k-th abort the backend counted answers the k-th close.
-    closes = sorted(closed_at)
-    delays = []
-    for k in range(1, n + 1):
-        seen_at = next(t for t, count in samples if count >= k)
-        delays.append(max(0.0, seen_at - closes[k - 1]))
-    delays.sort()
-    p50, p99 = statistics.median(delays), delays[int(0.99 * n) - 1]
-    print(
-        f"\nabort after client close: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-        f"max {delays[-1] * 1000:.1f} ms"
+    body = {
+        "model": _model(sim),
+        "messages": PROMPT,
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    delays = await abort_delays(
+        sim,
+        gw,
+        "/v1/chat/completions",
+        body,
+        {"Authorization": "Bearer sk-demo-p0"},
+        lambda line: line.startswith("data: {") and '"content":"' in line,
     )
+    gw.stop()
     assert delays[-1] <= 0.100, f"an abort came {delays[-1] * 1000:.0f} ms after its close"
 
-
-_POLLER = """
-import sys, time, httpx
-from prometheus_client.parser import text_string_to_metric_families
-url, key, target = sys.argv[1], sys.argv[2].split("{")[0], float(sys.argv[3])
-def aborts(http):
-    total = 0.0
-    for fam in text_string_to_metric_families(http.get(url + "/metrics").text):
-        for s in fam.samples:
-            if s.name == key and s.labels.get("finished_reason") == "abort":
-                total += s.value
-    return total
-with httpx.Client(timeout=5) as http:
-    aborts(http)
-    print("ready", flush=True)
-    end = time.monotonic() + 3
-    while time.monotonic() < end:
-        count = aborts(http)
-        print(time.monotonic(), count, flush=True)
-        if count >= target:
-            break
-"""
 
 POLICY_BIG_LIMIT = """
 tenants:

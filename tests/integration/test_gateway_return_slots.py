@@ -231,3 +231,66 @@ async def test_replicas_sharing_the_key_recognise_each_others_returns(
     finally:
         for gw in (a, b, c):
             gw.stop()
+
+
+# The same booking and deadline answers on the routes with their own error shapes: the
+# Responses API (OpenAI's shape, 429) and Anthropic's Messages API (529 overloaded_error).
+SHAPED_ROUTES = {
+    "responses": (
+        "/v1/responses",
+        {"model": "sluice-sim", "input": "hi", "max_output_tokens": 40},
+        KEY,
+        429,
+    ),
+    "messages": (
+        "/v1/messages",
+        {"model": "sluice-sim", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]},
+        {"x-api-key": "sk-demo-p2", "anthropic-version": "2023-06-01"},
+        529,
+    ),
+}
+
+
+def _code(r: httpx.Response) -> str:
+    """Sluice's code in either shape (Anthropic's keeps it in the message)."""
+    error = r.json()["error"]
+    return str(error.get("code") or error["message"])
+
+
+@pytest.mark.parametrize("route", sorted(SHAPED_ROUTES))
+async def test_every_route_books_its_return_and_tells_a_deadline_it_cannot_meet(
+    gateway: tuple[SimProcess, GatewayProcess], route: str
+) -> None:
+    _, gw = gateway
+    path, body, headers, status = SHAPED_ROUTES[route]
+    async with httpx.AsyncClient(timeout=30) as client:
+        load = asyncio.create_task(_load(client, gw.url, time.monotonic() + 12.0))
+        refusal = told = None
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if refusal is None:
+                r = await client.post(gw.url + path, json=body, headers=headers)
+                if r.status_code == status and "x-sluice-booking" in r.headers:
+                    refusal = r
+            if told is None:
+                r = await client.post(
+                    gw.url + path, json=body, headers={**headers, "X-Request-Timeout": "0.2"}
+                )
+                if r.status_code == status and "cannot_serve_in_time" in _code(r):
+                    told = r
+            if refusal is not None and told is not None:
+                break
+        assert refusal is not None, "no refusal with a booking under overload"
+        assert told is not None, "a 0.2 s deadline under overload was never told"
+        assert "fast_reject" in _code(refusal)
+        assert 1 <= int(refusal.headers["retry-after"]) <= 60
+        assert "retry-after" not in told.headers and told.headers["x-should-retry"] == "false"
+        await asyncio.sleep(int(refusal.headers["retry-after-ms"]) / 1000)
+        back = await client.post(
+            gw.url + path,
+            json=body,
+            headers={**headers, "X-Sluice-Booking": refusal.headers["x-sluice-booking"]},
+        )
+        await load
+    assert back.status_code == 200, back.text
+    assert _p2_returns(gw)["returned_admitted"] >= 1

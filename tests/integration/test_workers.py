@@ -85,8 +85,8 @@ def test_workers_share_the_port_and_their_metrics_add_up(sim_factory: SimFactory
 
         for _ in range(6):  # every scrape, whichever worker answers it, sees all of them
             m = _scrape(gw)
-            assert m['sluice_requests_total{outcome="ok",priority="1"}'] == n
-            assert m['sluice_request_duration_seconds_count{priority="1"}'] == n
+            assert m['sluice_requests_total{outcome="ok",priority="1",route="completions"}'] == n
+            assert m['sluice_request_duration_seconds_count{priority="1",route="completions"}'] == n
         # each worker has its own limiter (fixed at 3): the limits add up
         deadline = time.monotonic() + 5
         while _scrape(gw).get('sluice_backend_limit{backend="backend-0"}') != 6.0:

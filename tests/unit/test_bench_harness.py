@@ -280,3 +280,25 @@ def test_series_have_one_point_per_scrape() -> None:
     assert len(run.series["limit"][0]) == len(t) == len(run.series["kv_usage"][0])
     assert max(run.series["kv_usage"][0]) > 0
     assert set(run.series["queued"]) == {"P0", "P1", "P2"}
+
+
+def test_a_pooling_request_finishes_when_its_prompt_is_computed() -> None:
+    """An embedding through the gateway: no token, its whole time is its TTFT, and the
+    core costs it by its prompt alone."""
+    s = scenario()
+    embedding = req(0, 0.3, prompt=300, out=1)
+    embedding.max_tokens = 1
+    embedding.pooling = True
+    embedding.route = "embeddings"
+    arm = arm_spec("sluice", s, max_limit=TINY.max_num_seqs, static_cap=8)
+    run = run_arm(s, [embedding], arm, TINY)
+    r = run.requests[0]
+    e = Engine(TINY)
+    e.submit(EngineRequest("x", 300, 1, 1, pooling=True), 0.3)
+    done = e.step(0.3).finished[0]
+    assert r.outcome == OK and r.tokens == 0
+    assert r.first_token_at == r.end_at == done.finished
+    assert run.controller_snapshot is not None
+    assert run.controller_snapshot["classes"]["P0"]["finished"] == {"ok": 1}
+    res = arm_results(run, s)
+    assert res["classes"]["P0"]["completed"] == 1 and res["classes"]["P0"]["slo_attainment"] == 1

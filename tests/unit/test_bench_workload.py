@@ -194,3 +194,31 @@ def test_backend_overrides_and_bad_profile() -> None:
         parse_scenario(BASE + "backends: {profile: nope}\n")
     with pytest.raises(ScenarioError):
         parse_scenario(BASE + "backends: {profile: tiny, overrides: {warpDrive: 1}}\n")
+
+
+ROUTES = """
+routes:
+  chat: {share: 3}
+  embeddings: {share: 1, pooling: true, prompt: 700}
+"""
+
+
+def test_routes_share_the_requests_and_pooling_ones_generate_nothing() -> None:
+    s = parse_scenario(BASE.replace("name: t\n", "name: t\n" + ROUTES))
+    reqs = generate(s, [100.0, 4.0], seed=1, max_model_len=2048)
+    embeddings = [r for r in reqs if r.route == "embeddings"]
+    chat = [r for r in reqs if r.route == "chat"]
+    assert embeddings and all(r.pooling for r in embeddings) and not any(r.pooling for r in chat)
+    assert 0.15 < len(embeddings) / len(reqs) < 0.35  # a share of 1 in 4
+    # their own prompt, and no output room: done when the prompt is computed
+    assert {(r.prompt_tokens, r.max_tokens, r.output_tokens) for r in embeddings} == {(700, 1, 1)}
+    assert all(r.max_tokens == 16 for r in chat)
+
+
+def test_one_route_leaves_the_workload_as_it_was() -> None:
+    """A scenario without `routes` draws nothing more: its figures stay the same."""
+    plain = parse_scenario(BASE)
+    chat_only = parse_scenario(BASE.replace("name: t\n", "name: t\nroutes: {chat: {share: 1}}\n"))
+    a = generate(plain, [10.0, 4.0], seed=3, max_model_len=2048)
+    b = generate(chat_only, [10.0, 4.0], seed=3, max_model_len=2048)
+    assert a == b and {r.route for r in a} == {"chat"}

@@ -283,3 +283,54 @@ def test_snapshot_is_json_and_counters_add_up() -> None:
     assert snap["classes"]["P1"]["queued"] == 1
     assert snap["backends"]["b0"]["kv_usage"] == 0.3
     assert snap["backends"]["b0"]["metrics_fresh"] is True
+
+
+def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> None:
+    """Embeddings, rerank, score: no output to cost or learn; the whole request is its
+    prefill, so the limiter's sample is a time to first token."""
+    c, clock, recs = recorded()
+    clock.set(1.0)
+    c.arrive(RequestInfo("e", "t", 0, "m", 300, 1024, prefill_only=True, first_token_visible=False))
+    c.arrive(RequestInfo("g", "t", 0, "m", 300, 1024, first_token_visible=False))
+    c.dispatch()
+    snap = c.snapshot()["backends"]["b0"]
+    # the generation request adds half its max_tokens (nothing learned yet), the other none
+    assert snap["inflight_tokens"] == 300 + (300 + 512)
+    clock.set(1.4)
+    c.on_finish("e", Outcome.OK, prompt_tokens=300, completion_tokens=0)
+    ((sample, _),) = recs["b0"].samples
+    assert sample.ttft_s == pytest.approx(0.4) and sample.e2e_s == pytest.approx(0.4)
+    assert sample.tpot_s is None and sample.completion_tokens == 0
+    # it taught no output length: the next generation request is still costed at half
+    c.arrive(RequestInfo("g2", "t", 0, "m", 300, 1024, first_token_visible=False))
+    c.dispatch()
+    assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 2 * (300 + 512)
+
+
+def test_sequences_multiply_the_expected_output_and_learn_per_sequence() -> None:
+    c, _clock, _recs = recorded()
+    c.arrive(RequestInfo("n4", "t", 0, "m", 100, 200, sequences=4, first_token_visible=False))
+    c.dispatch()
+    assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 100 + 4 * 100
+    c.on_finish("n4", Outcome.OK, prompt_tokens=100, completion_tokens=4 * 50)
+    c.arrive(RequestInfo("one", "t", 0, "m", 100, 200, first_token_visible=False))
+    c.dispatch()
+    # learned 50 a sequence (EWMA's first value is taken as it is)
+    assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 100 + 50
+
+
+def test_a_pinned_request_waits_for_its_own_backend() -> None:
+    """A continuation of a response stored on a backend runs there, even when another
+    backend has room; waiting for it does not hold the lower classes back."""
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c.arrive(req("busy"))
+    (first,) = c.dispatch()
+    pinned_to = first.backend
+    other = "b1" if pinned_to == "b0" else "b0"
+    c.arrive(RequestInfo("pinned", "t", 0, "m", 10, 10, backend=pinned_to))
+    assert c.dispatch() == []  # its backend is full; the other's free slot is not for it
+    c.arrive(req("lower", prio=1))
+    assert [(a.request_id, a.backend) for a in c.dispatch()] == [("lower", other)]
+    c.on_finish("busy", Outcome.OK, 10, 10)
+    assert [(a.request_id, a.backend) for a in c.dispatch()] == [("pinned", pinned_to)]

@@ -258,3 +258,20 @@ def test_cancel_in_flight_frees_the_slot() -> None:
     c.cancel("a")
     assert ids(c.dispatch()) == ["b"]
     assert c.snapshot()["backends"]["b0"]["inflight"] == 1
+
+
+def test_another_models_request_goes_when_the_heads_model_is_full() -> None:
+    """One class, two models on their own backends: while the chat backend is full, the
+    embedding behind the queued chat requests takes the embedding backend's free slot
+    (a model's backlog does not hold up another model's capacity)."""
+    c = Controller(policy(1, reserved=0.0), FakeClock(), ["chat-b", "embed-b"])
+    c.set_backend_models("chat-b", ["chat"])
+    c.set_backend_models("embed-b", ["embed"])
+    for rid, model in (("chat0", "chat"), ("chat1", "chat"), ("embed2", "embed")):
+        c.arrive(req(rid, 0, model=model))
+    c.arrive(req("chat3", 0, model="chat"))
+    placed = [(a.request_id, a.backend) for a in c.dispatch()]
+    assert placed == [("chat0", "chat-b"), ("embed2", "embed-b")]
+    assert c.state_of("chat1") is RequestState.QUEUED and c.state_of("chat3") is RequestState.QUEUED
+    c.on_finish("chat0", Outcome.OK, 100, 10)
+    assert [a.request_id for a in c.dispatch()] == ["chat1"]  # the chat queue keeps its order

@@ -42,18 +42,20 @@ def test_single_process_exposition_is_the_same() -> None:
 def test_the_telemetry_uses_it_for_every_class() -> None:
     t = Telemetry()
     for prio in (0, 1, 2):
-        t.observe_latency(prio, 0.3)
-        t.observe_queue_wait(prio, 0.0)
-        t.observe_ttft(prio, 2.0)
-        t.outcome(prio, "ok")
-        t.outcome(prio, "ok")
+        key = (prio, "chat")
+        t.observe_latency[key](0.3)
+        t.observe_queue_wait[key](0.0)
+        t.observe_ttft[key](2.0)
+        t.count[key, "ok"](1)
+        t.count[key, "ok"](1)
     text = t.render().decode()
     for prio in "012":
-        assert f'sluice_request_duration_seconds_bucket{{le="0.5",priority="{prio}"}} 1.0' in text
-        assert f'sluice_request_duration_seconds_bucket{{le="0.25",priority="{prio}"}} 0.0' in text
-        assert f'sluice_queue_wait_seconds_bucket{{le="0.025",priority="{prio}"}} 1.0' in text
-        assert f'sluice_ttft_seconds_sum{{priority="{prio}"}} 2.0' in text
-        assert f'sluice_requests_total{{outcome="ok",priority="{prio}"}} 2.0' in text
+        labels = f'priority="{prio}",route="chat"'
+        assert f'sluice_request_duration_seconds_bucket{{le="0.5",{labels}}} 1.0' in text
+        assert f'sluice_request_duration_seconds_bucket{{le="0.25",{labels}}} 0.0' in text
+        assert f'sluice_queue_wait_seconds_bucket{{le="0.025",{labels}}} 1.0' in text
+        assert f"sluice_ttft_seconds_sum{{{labels}}} 2.0" in text
+        assert f'sluice_requests_total{{outcome="ok",{labels}}} 2.0' in text
 
 
 MULTIPROCESS = """

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.gateway.relay import _take_usage, _usage_of
+from sluice.gateway.routes import CHAT
+
+# chat's rules (routes/openai_api.py): the usage object's keys, and its stream's usage event
+_usage_of = CHAT.usage.read
+
+
+def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
+    assert CHAT.stream is not None
+    return CHAT.stream.take_usage(events, CHAT.usage, strip, (None, None))
 
 
 def answer(usage: object, content: str = "hello") -> bytes:

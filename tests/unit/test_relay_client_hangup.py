@@ -21,7 +21,9 @@ from aiohttp.test_utils import make_mocked_request
 from sluice.config import Backend
 from sluice.core.types import Outcome
 from sluice.gateway.backend_pool import BackendHandle
-from sluice.gateway.relay import Relay, RelayContext
+from sluice.gateway.relay import Relay
+from sluice.gateway.request_context import RequestContext
+from sluice.gateway.routes import CHAT
 from sluice.gateway.telemetry import Telemetry
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * 3 + [
@@ -98,22 +100,14 @@ async def upstream() -> AsyncIterator[str]:
 async def _forward(url: str, client: BrokenClient) -> tuple[Any, Telemetry]:
     telemetry = Telemetry()
     request = make_mocked_request("POST", "/v1/chat/completions", writer=client)
-    ctx = RelayContext(
-        request=request,
-        request_id="r1",
-        priority=1,
-        backend=BackendHandle(Backend(name="b0", url=url)),
-        path="/v1/chat/completions",
-        body=b'{"model":"m","stream":true}',
-        stream=True,
-        strip_usage=False,
-        headers={},
-        started=time.monotonic(),
-        deadline=None,
-        default_timeout=10.0,
-    )
+    ctx = RequestContext(request, CHAT, time.monotonic())
+    ctx.request_id = "r1"
+    ctx.priority = 1
+    ctx.backend = BackendHandle(Backend(name="b0", url=url))
+    ctx.body = b'{"model":"m","stream":true}'
+    ctx.stream = True
     async with aiohttp.ClientSession() as session:
-        result = await Relay(session, telemetry).forward(ctx, on_first_token=lambda: None)
+        result = await Relay(session, telemetry, 10.0).forward(ctx, lambda: None)
     return result, telemetry
 
 

@@ -75,6 +75,37 @@ def vllm() -> Iterator[VllmServer]:
         server.stop()
 
 
+# The tiny model served a second time, as an embedding model: vLLM converts a causal LM
+# into one (`--runner pooling --convert embed`, last-token pooling), so no other model has
+# to be built. It runs in a vLLM process of its own (one runner per process).
+EMBED_MODEL = "sluice-tiny-embed"
+
+
+@pytest.fixture(scope="session")
+def vllm_pooling() -> Iterator[VllmServer]:
+    """A pooling vLLM beside the chat one, for the tests that embed (started on first use:
+    another 65-250 s). With SLUICE_VLLM_POOLING_URL set, that running one instead."""
+    external = os.environ.get("SLUICE_VLLM_POOLING_URL")
+    if external:
+        yield VllmServer(None, external.rstrip("/"), EMBED_MODEL, Path("/dev/null"))
+        return
+    cache = ensure_built()
+    log = Path(os.environ.get("SLUICE_VLLM_POOLING_LOG", "/tmp/sluice-test-vllm-pooling.log"))
+    server = start_vllm(
+        cache,
+        "--runner", "pooling",
+        "--convert", "embed",
+        "--served-model-name", EMBED_MODEL,
+        log_path=log,
+    )  # fmt: skip
+    server.model = EMBED_MODEL
+    print(f"\npooling vLLM ready in {server.started_in_s:.0f} s on {server.url} (log {log})")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def engine_counts(url: str) -> tuple[float, float]:
     """(running, waiting) read cheaply from vLLM's /metrics (no full parse)."""
     body = httpx.get(url + "/metrics", timeout=10).content

@@ -1,5 +1,6 @@
 """A client that hangs up on the gateway makes the real vLLM abort its request at once,
-freeing its KV blocks (DESIGN S9).
+freeing its KV blocks (DESIGN S9), on every streaming route: completions, Responses and
+Anthropic Messages (whose clients close after their first event).
 
 Two clocks are read. The gateway's: each request's access record is written (wall clock,
 ms) as its handler unwinds from the client's hang-up, right after it closed the upstream
@@ -66,12 +67,30 @@ class Round:
     stalled_s: float  # how long the machine ran nothing of this test while it measured
 
 
+def _stream_request(route: str, model: str, rng: random.Random) -> tuple[str, Any, dict[str, str]]:
+    """(path, body, headers) of a long stream on the route: 16 prompt tokens (about as many
+    words on the text routes) and up to 200 tokens of answer."""
+    words = " ".join(str(rng.randrange(1000)) for _ in range(12))
+    if route == "completions":
+        body: Any = completion_body(model, token_prompt(rng, 16), 200)
+        return "/v1/completions", body, {"Authorization": "Bearer sk-demo-p0"}
+    if route == "responses":
+        body = {"model": model, "input": words, "max_output_tokens": 200}
+        return "/v1/responses", body | STREAMED, {"Authorization": "Bearer sk-demo-p0"}
+    body = {"model": model, "max_tokens": 200, "messages": [{"role": "user", "content": words}]}
+    return "/v1/messages", body | STREAMED, {"x-api-key": "sk-demo-p0"}
+
+
+STREAMED = {"stream": True, "ignore_eos": True, "temperature": 0}
+
+
 async def _one_round(
     s: aiohttp.ClientSession,
     vllm: VllmServer,
     gw: GatewayProcess,
     rng: random.Random,
     stalls: MachineStalls,
+    route: str,
 ) -> Round | None:
     """One measurement; None when the 20 streams never were in vLLM together (on a busy
     machine some start late, and the first finish or are preempted before they all run)."""
@@ -86,18 +105,18 @@ async def _one_round(
     async def open_stream() -> aiohttp.ClientResponse:
         # 16 + up to 200 tokens: one 128-token KV block each for the first ~112 tokens (20
         # of vLLM's 31 usable blocks), seconds of work in all
-        body = completion_body(vllm.model, token_prompt(rng, 16), 200)
+        path, body, headers = _stream_request(route, vllm.model, rng)
         r = await s.post(
-            gw.url + "/v1/completions",
+            gw.url + path,
             data=orjson.dumps(body),
-            headers={"Authorization": "Bearer sk-demo-p0", "Content-Type": "application/json"},
+            headers={**headers, "Content-Type": "application/json"},
         )
         assert r.status == 200
-        await r.content.readline()  # streaming: the request is running on vLLM
+        await r.content.readline()  # its first event: the stream is on its way
         return r
 
     wait_idle(vllm)
-    counted_before = _aborts_counted(gw)
+    counted_before = _aborts_counted(gw, route)
     streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
     ids = [r.headers["X-Request-Id"] for r in streams]
     deadline = time.monotonic() + SETUP_S
@@ -130,22 +149,23 @@ async def _one_round(
     assert {rec["status"] for rec in records.values()} == {499}
     reaction_ms = sorted((float(rec["ts"]) - closed_at[rid]) * 1000 for rid, rec in records.items())
     # vLLM does not count aborts in vllm:request_success_total; the gateway counts its own.
-    counted = tuple(a - b for a, b in zip(_aborts_counted(gw), counted_before, strict=True))
+    counted = tuple(a - b for a, b in zip(_aborts_counted(gw, route), counted_before, strict=True))
     assert counted == (STREAMS, STREAMS), f"(upstream aborts, cancelled) counted: {counted}"
     stalled = sum(d for _, d in stalls.during(first_close, polls[-1][1]))
     return Round(polls[-1][1] - closed, miss_proven, reaction_ms, trace, stalled)
 
 
-def _aborts_counted(gw: GatewayProcess) -> tuple[float, float]:
-    """The gateway's (upstream aborts, cancelled requests) counters."""
+def _aborts_counted(gw: GatewayProcess, route: str) -> tuple[float, float]:
+    """The gateway's (upstream aborts, cancelled requests of the route) counters."""
     m = gw.metrics()
     return (
         m.get('sluice_upstream_aborts_total{backend="backend-0"}', 0.0),
-        m.get('sluice_requests_total{outcome="cancelled",priority="0"}', 0.0),
+        m.get(f'sluice_requests_total{{outcome="cancelled",priority="0",route="{route}"}}', 0.0),
     )
 
 
-async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer) -> None:
+@pytest.mark.parametrize("route", ["completions", "responses", "messages"])
+async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer, route: str) -> None:
     """20 streams through the gateway, 20 client closes: vLLM runs (or queues) none of
     them 100 ms later. A round proves it when a poll that read 0 ended within 100 ms of the
     closes, and disproves it when a poll that began after 100 ms still read some; when
@@ -160,7 +180,7 @@ async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer) -> 
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             for _ in range(ROUNDS):
                 with MachineStalls() as stalls:
-                    r = await _one_round(s, vllm, gw, rng, stalls)
+                    r = await _one_round(s, vllm, gw, rng, stalls, route)
                 if r is None:
                     print("\nthe 20 streams were never in vLLM together: once more")
                     continue
@@ -172,7 +192,7 @@ async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer) -> 
                     continue
                 rounds.append(r)
                 print(
-                    f"\nround {len(rounds)}: the gateway closed upstream "
+                    f"\n{route} round {len(rounds)}: the gateway closed upstream "
                     f"{r.reaction_ms[0]:.0f}-{r.reaction_ms[-1]:.0f} ms (median "
                     f"{statistics.median(r.reaction_ms):.0f}) after each client's close; "
                     f"vLLM running + waiting 20 -> 0 within {r.dropped_by_s * 1000:.0f} ms "

@@ -7,6 +7,10 @@ over closed-loop runs of a single engine (keep `c` requests in flight, drawn fro
 mix, for `horizon` s of virtual time; judge the part after `warmup`). Capacity is the
 completed requests per second at that concurrency. A scenario's `rate: 0.7` means 0.7 x
 (capacity x number of backends) for the phase's own mix. docs/bench.md explains why.
+
+With several routes (scenario `routes`), the closed loop draws each request's route by its
+share, and a pooling route's requests (embeddings: prefill-only) are what they are in the
+run: their prompt, no output; the sweet spot and capacity are then those of the whole mix.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sluice.bench.scenario import ResolvedPhase, _LengthDist
+from sluice.bench.scenario import ResolvedPhase, RouteMix, _LengthDist
 from sluice.bench.workload import draw_length
 from sluice.sim.engine import Engine, EngineRequest
 from sluice.sim.profiles import Profile
 
 WARMUP_S = 15.0
 HORIZON_S = 60.0
+
+# A route mix as calibration takes it: (share, pooling, prompt or None for the phase's).
+Routes = tuple[tuple[float, bool, _LengthDist | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +58,13 @@ def closed_loop(
     seed: int = 0,
     warmup: float = WARMUP_S,
     horizon: float = HORIZON_S,
+    routes: Routes = (),
 ) -> ClosedLoopResult:
     """Keep `concurrency` requests in flight on one engine; measure after `warmup`."""
     engine = Engine(profile, seed=seed)
     rng = random.Random(f"{seed}/calibration")
+    rng_route = random.Random(f"{seed}/calibration-route")  # drawn only with `routes`
+    shares = [share for share, _, _ in routes]
     max_tokens = min(max_tokens, profile.max_model_len - 1)
     t = 0.0
     n = 0
@@ -67,6 +77,21 @@ def closed_loop(
     kv_max = 0.0
     while t < horizon:
         while inflight < concurrency:
+            if routes:
+                _, pooling, own = rng_route.choices(routes, shares)[0]
+                if pooling:
+                    p = min(draw_length(own or prompt, rng_route), profile.max_model_len)
+                    engine.submit(EngineRequest(f"c{n}", max(1, p), 1, 1, pooling=True), t)
+                    n += 1
+                    inflight += 1
+                    continue
+                if own is not None:
+                    p = min(draw_length(own, rng_route), profile.max_model_len - max_tokens)
+                    o = min(draw_length(output, rng), max_tokens)
+                    engine.submit(EngineRequest(f"c{n}", max(1, p), max_tokens, max(1, o)), t)
+                    n += 1
+                    inflight += 1
+                    continue
             p = min(draw_length(prompt, rng), profile.max_model_len - max_tokens)
             o = min(draw_length(output, rng), max_tokens)
             engine.submit(EngineRequest(f"c{n}", max(1, p), max_tokens, max(1, o)), t)
@@ -107,6 +132,7 @@ def _calibrate(
     max_tokens: int,
     tpot_slo: float | None,
     seed: int,
+    routes: Routes = (),
 ) -> Capacity:
     def ok(r: ClosedLoopResult) -> bool:
         return r.preemptions == 0 and (tpot_slo is None or r.tpot_p95_s <= tpot_slo)
@@ -117,7 +143,9 @@ def _calibrate(
 
     def run(c: int) -> ClosedLoopResult:
         if c not in results:
-            results[c] = closed_loop(profile, prompt, output, max_tokens, c, seed=seed)
+            results[c] = closed_loop(
+                profile, prompt, output, max_tokens, c, seed=seed, routes=routes
+            )
         return results[c]
 
     lo = 1
@@ -136,7 +164,16 @@ def _calibrate(
 
 
 def calibrate(
-    profile: Profile, phase: ResolvedPhase, tpot_slo: float | None, *, seed: int = 0
+    profile: Profile,
+    phase: ResolvedPhase,
+    tpot_slo: float | None,
+    *,
+    seed: int = 0,
+    routes: dict[str, RouteMix] | None = None,
 ) -> Capacity:
-    """The sweet spot and capacity of one backend for the phase's request mix."""
-    return _calibrate(profile, phase.prompt, phase.output, phase.max_tokens, tpot_slo, seed)
+    """The sweet spot and capacity of one backend for the phase's request mix (over its
+    routes, when there are several or one differs from plain generation)."""
+    mix: Routes = ()
+    if routes and (len(routes) > 1 or any(r.pooling or r.prompt for r in routes.values())):
+        mix = tuple((r.share, r.pooling, r.prompt) for r in routes.values())
+    return _calibrate(profile, phase.prompt, phase.output, phase.max_tokens, tpot_slo, seed, mix)

@@ -479,6 +479,8 @@ class _Run:
             weight=1.0 if single else spec.weight,
             client_deadline=None if spec.deadline is None else t + spec.deadline,
             retry_attempt=r.attempt,
+            first_token_visible=not spec.pooling,
+            prefill_only=spec.pooling,
             booking=r.booking,
             booked_slot=r.booking_due,  # the token carries it: another replica honours it
         )
@@ -628,7 +630,10 @@ class _Run:
         self.inflight_on[b][r.aid] = r
         engine = self.engines[b]
         engine.submit(
-            EngineRequest(r.aid, spec.prompt_tokens, spec.max_tokens, spec.output_tokens), t
+            EngineRequest(
+                r.aid, spec.prompt_tokens, spec.max_tokens, spec.output_tokens, spec.pooling
+            ),
+            t,
         )
         if not self.ctrls and spec.deadline is not None:
             self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
@@ -705,6 +710,14 @@ class _Run:
                 self._completed(t, r, OK)
             elif r.spec.cancel_after is not None and r.tokens >= r.spec.cancel_after:
                 self._completed(t, r, CANCELLED)
+        for st in result.finished if result.num_prompt_tokens else ():
+            # a prefill-only request: done, with no token, when its prompt was computed
+            if st.pooling:
+                r = by_aid.get(st.request_id)
+                if r is not None and r.state == _INFLIGHT:
+                    r.first_token_at = r.last_token_at = t
+                    ttfts.append(t - r.sent_at)
+                    self._completed(t, r, OK)
         if gen_tokens:
             self.itl_window[b].append((result.duration, gen_tokens))
         if self.engines[b].has_work():

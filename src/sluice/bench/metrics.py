@@ -9,6 +9,9 @@ definitions docs/bench.md gives:
 * TTFT, TPOT and e2e are the client's: measured from the request's first attempt;
 * slo_attainment: the share of OFFERED requests completed within the class's SLO;
 * goodput: output tokens of requests that met their SLO, per second of the arrival window;
+* by route (when the scenario has several `routes`): the same counts and the SLO
+  attainment per route and class; a pooling request's (an embedding's) TTFT is its whole
+  time, and it has no TPOT;
 * wasted tokens: tokens generated for clients that had gone (after a cancel or a deadline,
   until the abort reached the engine), tokens of answers abandoned half-way (deadline or
   backend failure: a truncated answer is of no use), and KV tokens lost to preemption
@@ -83,11 +86,18 @@ def arm_results(
         }
         for c in CLASSES
     }
+    by_route: dict[tuple[str, str], dict[str, Any]] = {}
     for r in run.requests:
         spec = r.spec
         c = CLASSES[spec.priority]
         pc = per_class[c]
         pc["offered"] += 1
+        rc = by_route.get((spec.route, c))
+        if rc is None:
+            rc = by_route[(spec.route, c)] = {
+                "offered": 0, "completed": 0, "rejected": 0, "met": 0, "ttft": []
+            }  # fmt: skip
+        rc["offered"] += 1
         phase_offered[spec.phase][spec.priority] += 1
         truncated += r.wasted
         outcome = r.outcome
@@ -107,7 +117,11 @@ def arm_results(
             slo = scenario.slos[c]
             if slo.ttft is None or (ttft is not None and ttft <= slo.ttft):
                 pc["ttft_met"] += 1
+            rc["completed"] += 1
+            if ttft is not None:
+                rc["ttft"].append(ttft)
             if meets_slo(ttft, tpot, e2e, slo):
+                rc["met"] += 1
                 pc["met"] += 1
                 pc["tokens"] += r.tokens
                 goodput_tokens += r.tokens
@@ -115,6 +129,7 @@ def arm_results(
                 phase_met[spec.phase][spec.priority] += 1
         elif outcome == REJECTED:
             pc["rejected"] += 1
+            rc["rejected"] += 1
         elif outcome == TIMEOUT:
             pc["timed_out"] += 1
         elif outcome == FAILED:
@@ -182,6 +197,18 @@ def arm_results(
     came_back = run.retry_after_retries
     order = refusal_order(run.first_rejection_at)
     wasted = run.preempted_tokens + run.wasted_after_gone + truncated
+    routes: dict[str, Any] = {}
+    if len(scenario.spec.routes) > 1:
+        for (route, c), rc in sorted(by_route.items()):
+            offered = rc["offered"]
+            routes.setdefault(route, {})[c] = {
+                "offered": offered,
+                "completed": rc["completed"],
+                "rejected": rc["rejected"],
+                "slo_attainment": _r(rc["met"] / offered if offered else None),
+                "ttft_p50_s": _r(percentile(rc["ttft"], 0.5)),
+                "ttft_p95_s": _r(percentile(rc["ttft"], 0.95)),
+            }
     return {
         "goodput_tokens_per_s": round(goodput_tokens / duration, 1),
         "backend_preemptions": len(run.preemption_times),
@@ -192,6 +219,7 @@ def arm_results(
             "abandoned_answers": truncated,
         },
         "classes": classes,
+        **({"routes": routes} if routes else {}),
         "rejections_by_cause": _total_rejections(run),
         "refusal_order": order,
         "returns": refusal_figures(run, scenario),

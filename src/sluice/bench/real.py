@@ -797,7 +797,9 @@ def run_real(
     seed = small.spec.seed if seed is None else seed
     profile = small.spec.backends.build_profile()
     n = small.spec.backends.count
-    caps = [calibrate(profile, p, small.slos["P0"].tpot) for p in small.phases]
+    caps = [
+        calibrate(profile, p, small.slos["P0"].tpot, routes=small.spec.routes) for p in small.phases
+    ]
     rates = [
         p.rate_rps if p.rate_rps is not None else (p.rate or 0.0) * c.rps * n
         for p, c in zip(small.phases, caps, strict=True)

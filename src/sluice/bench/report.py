@@ -219,6 +219,28 @@ def retry_after_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]
     return head, rows
 
 
+def route_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per route and class, for the scenarios with several routes."""
+    head = ["arm", "route", "class", "offered", "completed", "rejected", "TTFT p95 s", "SLO"]
+    rows = []
+    for name, a in results["arms"].items():
+        for route, by_class in (a.get("routes") or {}).items():
+            for cls, c in by_class.items():
+                rows.append(
+                    [
+                        name,
+                        route,
+                        cls,
+                        str(c["offered"]),
+                        str(c["completed"]),
+                        str(c["rejected"]),
+                        _fmt(c["ttft_p95_s"]),
+                        _fmt(c["slo_attainment"], pct=True),
+                    ]
+                )
+    return head, rows
+
+
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -397,6 +419,30 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
             mark_phases(ax)
         axes[-1].set_xlabel("time (s)")
         save(fig, "rejections.png")
+
+    # SLO attainment per route and class (scenarios with several routes)
+    routed = {k: v for k, v in arms.items() if v.get("routes")}
+    if routed:
+        fig, axes = plt.subplots(
+            1, len(routed), figsize=(4.2 * len(routed), 3.4), sharey=True, squeeze=False
+        )
+        fig.suptitle("SLO attainment by route and class")
+        for ax, (name, a) in zip(axes[0], routed.items(), strict=True):
+            routes = list(a["routes"])
+            classes = list(CLASS_COLOURS)
+            width = 0.8 / len(classes)
+            for k, cls in enumerate(classes):
+                values = [
+                    (a["routes"][r].get(cls) or {}).get("slo_attainment") or 0 for r in routes
+                ]
+                xs = [i + (k - 1) * width for i in range(len(routes))]
+                ax.bar(xs, values, width, label=cls, color=CLASS_COLOURS[cls])
+            ax.set_xticks(range(len(routes)), routes, rotation=20, fontsize=8)
+            ax.set_ylim(0, 1.05)
+            ax.set_title(name, fontsize=9)
+        axes[0][0].set_ylabel("share of offered requests")
+        axes[0][0].legend(fontsize=7)
+        save(fig, "routes_slo.png")
     return files
 
 
@@ -472,6 +518,9 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
         ]
         head, rows = returns_rows(results)
         lines += ["Per class:", "", _md_table(head, rows), ""]
+    head, rows = route_rows(results)
+    if rows:
+        lines += ["## Per route and class", "", _md_table(head, rows), ""]
     phase_rows = []
     for name, a in results["arms"].items():
         for p in a.get("phases", []):

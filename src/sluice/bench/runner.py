@@ -73,7 +73,8 @@ def make_plan(scenario: Scenario, *, seed: int | None = None, engine: str | None
         profile = engine_profile(engine, profile)  # calibrated as that engine admits
     n = scenario.spec.backends.count
     tpot_slo = scenario.slos["P0"].tpot
-    capacities = [calibrate(profile, p, tpot_slo) for p in scenario.phases]
+    routes = scenario.spec.routes
+    capacities = [calibrate(profile, p, tpot_slo, routes=routes) for p in scenario.phases]
     rates = [
         p.rate_rps if p.rate_rps is not None else (p.rate or 0.0) * c.rps * n
         for p, c in zip(scenario.phases, capacities, strict=True)

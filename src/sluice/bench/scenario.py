@@ -199,6 +199,21 @@ class Phase(_Model):
         return self
 
 
+class RouteMix(_Model):
+    """One route's share of the requests (e.g. chat, responses, messages, embeddings), and
+    how its requests differ: `pooling` ones (embeddings, rerank, score) are prefill-only,
+    generate nothing and finish in the step that computes their prompt; `prompt`, their
+    own prompt lengths (else the phase's)."""
+
+    share: float = Field(gt=0)
+    pooling: bool = False
+    prompt: LengthDist | None = None
+
+
+def _one_route() -> dict[str, RouteMix]:
+    return {"chat": RouteMix(share=1.0)}
+
+
 class BackendEvent(_Model):
     """A backend dies (`fail`: its in-flight requests are cut, connections refused) or
     comes back (`recover`: empty, like a restarted server)."""
@@ -227,6 +242,8 @@ class ScenarioSpec(_Model):
     clients: dict[ClassName, ClientBehaviour] = Field(default_factory=dict)
     phases: tuple[Phase, ...] = Field(min_length=1)
     events: tuple[BackendEvent, ...] = ()
+    # The routes the requests go to, by share; one route (chat) unless told otherwise.
+    routes: dict[str, RouteMix] = Field(default_factory=_one_route, min_length=1)
     # After the last arrival, let requests finish for at most this long.
     drain: Duration = Field(default=60.0, ge=0)
     real: RealMode = RealMode()

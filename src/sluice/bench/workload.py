@@ -45,6 +45,8 @@ class ClientRequest:
     cancel_after: int | None  # the client leaves after this many tokens
     deadline: float | None  # seconds per attempt before the client gives up
     retry: Retry
+    route: str = "chat"  # which API route it is sent to (scenario `routes`)
+    pooling: bool = False  # prefill-only (embeddings): no output, done when its prompt is
 
     @property
     def class_name(self) -> str:
@@ -138,6 +140,11 @@ def generate(
     rng_class = random.Random(f"{seed}/class")
     rng_lengths = random.Random(f"{seed}/lengths")
     rng_clients = random.Random(f"{seed}/clients")
+    # A draw of its own, and none at all with one route: the workloads of scenarios
+    # without `routes` stay as they were.
+    rng_route = random.Random(f"{seed}/route")
+    routes = scenario.spec.routes
+    route_shares = {name: r.share for name, r in routes.items()}
     tenants_by_class: dict[int, list[TenantSpec]] = {}
     for t in scenario.spec.tenants:
         tenants_by_class.setdefault(t.priority, []).append(t)
@@ -162,8 +169,21 @@ def generate(
                 tenant = tenant_by_name[tenant_rr[priority].next()]
             else:
                 tenant = tenant_by_name[_weighted_choice({t.name: t.share for t in ts}, rng_class)]
-            prompt = min(draw_length(phase.prompt, rng_lengths), max_model_len - max_tokens)
-            output = min(draw_length(phase.output, rng_lengths), max_tokens)
+            route = next(iter(routes)) if len(routes) == 1 else None
+            if route is None:
+                route = _weighted_choice(route_shares, rng_route)
+            how = routes[route]
+            if how.pooling:
+                # prefill-only: its prompt is all it costs; it holds no output room
+                dist = how.prompt or phase.prompt
+                prompt = min(draw_length(dist, rng_route), max_model_len)
+                output, req_max = 1, 1
+            else:
+                dist = how.prompt or phase.prompt
+                rng = rng_lengths if how.prompt is None else rng_route
+                prompt = min(draw_length(dist, rng), max_model_len - max_tokens)
+                output = min(draw_length(phase.output, rng_lengths), max_tokens)
+                req_max = max_tokens
             behaviour: ClientBehaviour = phase.clients[cls]
             cancel_after = None
             if behaviour.cancel is not None and rng_clients.random() < behaviour.cancel.probability:
@@ -179,11 +199,13 @@ def generate(
                     tenant=tenant.name,
                     weight=tenant.weight,
                     prompt_tokens=max(1, prompt),
-                    max_tokens=max_tokens,
+                    max_tokens=req_max,
                     output_tokens=max(1, output),
-                    cancel_after=cancel_after,
+                    cancel_after=None if how.pooling else cancel_after,
                     deadline=behaviour.deadline,
                     retry=behaviour.retry,
+                    route=route,
+                    pooling=how.pooling,
                 )
             )
     out.sort(key=lambda r: r.arrival)

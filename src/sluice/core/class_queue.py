@@ -12,6 +12,10 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
   * a returns lane: requests that came back in the return slot a refusal booked for them
     (`return_slots`), served before the tenants' queues in the order they came back (the
     promise of the slot: ahead of fresh arrivals of the class);
+  * per model, its requests in arrival order (the returns lane's too): when the class's
+    next request waits for its model's backends, the oldest request of another model,
+    whose backends have room, may go first (the dispatcher's `_another_model`), rather
+    than wait behind it.
   * `parked`: requests taken out of the round robin or the returns lane (a large request
     that has held the others back as long as it may, see the dispatcher): still queued,
     in `by_arrival`, tried before the round robin's next request but never holding it back.
@@ -50,6 +54,7 @@ class ClassQueue:
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
         self.returns: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.by_model: dict[str, OrderedDict[str, RequestRecord]] = {}
         self.parked: OrderedDict[str, RequestRecord] = OrderedDict()
 
     @property
@@ -85,6 +90,10 @@ class ClassQueue:
             heapq.heappush(self._deadlines, (rec.deadline, rec.seq, rec.request_id))
         if rec.cost > self._quantum:
             self._quantum = float(rec.cost)
+        of_model = self.by_model.get(rec.model)
+        if of_model is None:
+            of_model = self.by_model[rec.model] = OrderedDict()
+        of_model[rec.request_id] = rec
         if returning:
             self.returns[rec.request_id] = rec
             return
@@ -111,6 +120,10 @@ class ClassQueue:
                 del t.items[request_id]
                 if not t.items:
                     t.deficit = 0.0  # an emptied tenant keeps no credit (DRR)
+            of_model = self.by_model[rec.model]
+            del of_model[request_id]
+            if not of_model:
+                del self.by_model[rec.model]
             if not self.by_arrival:
                 self._deadlines.clear()  # all stale: lazy deletion must not pile them up
         return rec
@@ -164,6 +177,14 @@ class ClassQueue:
             t.active = False
             t.turn = False
         return rec
+
+    def take(self, rec: RequestRecord) -> None:
+        """Take `rec` out of its turn (another model's request that may go first): its
+        tenant is charged its cost as if DRR had served it, so it waits the longer for its
+        next turn."""
+        if rec.request_id not in self.parked and rec.request_id not in self.returns:
+            self._tenants[rec.tenant].deficit -= rec.cost
+        self.remove(rec.request_id)
 
     # -- deadlines ---------------------------------------------------------------------
 

@@ -444,9 +444,12 @@ class Controller:
         """(corrected prompt, expected output of all its sequences, KV footprint)."""
         cost = self._cost
         prompt = cost.prompt_tokens(req.model, req.prompt_tokens)
-        expected_out = max(1, req.sequences) * cost.expected_output(
-            req.tenant, req.model, req.max_tokens
-        )
+        if req.prefill_only:
+            expected_out = 0.0  # it generates nothing: KV for its prompt only
+        else:
+            expected_out = max(1, req.sequences) * cost.expected_output(
+                req.tenant, req.model, req.max_tokens
+            )
         return prompt, expected_out, max(1, int(prompt + expected_out + 0.999999))
 
     def cost_of(self, req: RequestInfo) -> int:
@@ -846,14 +849,16 @@ class Controller:
         finished = self._counters[rec.priority].finished
         key = str(outcome)  # its value (StrEnum), without enum's Python-level property
         finished[key] = finished.get(key, 0) + 1
+        info = rec.info
         if outcome is Outcome.OK:
+            # a prefill-only request teaches the prompt ratio, never an output length
             self._cost.observe(
                 rec.tenant,
                 rec.model,
-                rec.info.prompt_tokens,
+                info.prompt_tokens,
                 prompt_tokens,
-                completion_tokens,
-                rec.info.sequences,
+                None if info.prefill_only else completion_tokens,
+                info.sequences,
             )
         delta = settlement(rec.quota_tokens, outcome, prompt_tokens, completion_tokens)
         if delta:
@@ -864,6 +869,8 @@ class Controller:
             return  # no latency signal
         e2e = now - rec.dispatched_at
         ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
+        if info.prefill_only:
+            ttft = e2e  # its one step is its prefill: its whole time is its TTFT
         tpot = None
         if ttft is not None and completion_tokens is not None and completion_tokens >= 2:
             tpot = (e2e - ttft) / (completion_tokens - 1)

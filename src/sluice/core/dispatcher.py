@@ -11,7 +11,10 @@ Rules (docs/overload.md):
     than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
     `aging_every` slots freed under a P0 flood; P2 has no aging (it is shed first).
-  * Within a class, the class queue's deficit round robin picks the request.
+  * Within a class, the class queue's deficit round robin picks the request. When that
+    request cannot be placed (its model's backends are full), the oldest request of
+    another model whose backends have room goes instead (charged to its tenant's round
+    robin credit): an embedding backend with room does not wait behind a full chat one.
   * Large requests: one whose estimated footprint exceeds the KV budget (the class's share
     of it) of every healthy backend serving its model can only go to an empty backend.
     At the head of its class it holds the others back (its class, and lower classes on
@@ -22,7 +25,10 @@ Rules (docs/overload.md):
     the controller refuses it at arrival, `never_fits`.)
   * Backend choice: among healthy backends serving the model with a free slot for the
     class and room in their KV budget, the one with the fewest requests in flight; ties
-    go to the fewest estimated tokens in flight, then to the name. A backend with nothing
+    go to the fewest estimated tokens in flight, then to the name. A request pinned to a
+    backend (RequestInfo.backend: a continuation of a response stored there) waits for a
+    slot on that one; at the head of its class it holds its class back until then (a
+    slot frees with the next finish there), not the lower classes. A backend with nothing
     in flight takes any request whatever its KV budget (or it could never serve it).
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
@@ -235,6 +241,9 @@ class Dispatcher:
     ) -> BackendState | None:
         """The backend this request would go to now, or None."""
         cands = self._open_all if full_rights else self._open_low
+        if rec.pinned is not None:  # it must run where its stored state is
+            b = cands.get(rec.pinned)
+            cands = {} if b is None else {b.name: b}
         share = 1.0 if full_rights else 1.0 - self.reserved_p0
         model = rec.model
         cost = rec.cost
@@ -273,6 +282,32 @@ class Dispatcher:
         if b is not None:
             self.assign(rec, b, now)
         return b
+
+    def _another_model(
+        self,
+        q: ClassQueue,
+        head: RequestRecord,
+        full_rights: bool,
+        blocked: set[str],
+        now: float,
+        slack: float,
+    ) -> tuple[RequestRecord, BackendState] | None:
+        """The class's next request waits for its model's backends: the oldest request of
+        another model that may go now (an embedding for the embedding backend while the
+        chat backend is full), so that one model's backlog does not hold up another's
+        free capacity. A pinned head's own model is not blocked: its other requests too."""
+        for model, of_model in q.by_model.items():
+            if (model == head.model and head.pinned is None) or model in blocked:
+                continue
+            for rec in of_model.values():
+                if rec is head or rec.request_id in q.parked:
+                    continue
+                if not q.is_due(rec, now, slack):  # the due ones the next pass drops
+                    b = self.place(rec, full_rights, blocked)
+                    if b is not None:
+                        return rec, b
+                break  # the oldest of its model only (arrival order within a model)
+        return None
 
     def _place_parked(
         self, q: ClassQueue, full_rights: bool, blocked: set[str], now: float
@@ -326,14 +361,25 @@ class Dispatcher:
                     break
                 b = self.place(rec, full, blocked)
                 if b is None:
-                    if not (guard and q is q1):  # a failed aged turn does not block P0
+                    # A failed aged turn does not block P0; a pinned request waits for its
+                    # own backend, not for its model's capacity: lower classes may use the
+                    # others.
+                    if not (guard and q is q1):
                         if self._held_long_enough(rec, full, now):
                             q.park(rec)  # the next request of its class gets its turn
                             progress = True
                             break
-                        blocked.add(rec.model)
-                    continue
-                q.pop()
+                        if rec.pinned is None:
+                            blocked.add(rec.model)
+                    if len(q.by_model) < 2 and rec.pinned is None:
+                        continue
+                    found = self._another_model(q, rec, full, blocked, now, slacks[q.priority])
+                    if found is None:
+                        continue
+                    rec, b = found
+                    q.take(rec)
+                else:
+                    q.pop()
                 self.assign(rec, b, now)
                 placed.append((rec, b))
                 if q is q1 and guard:

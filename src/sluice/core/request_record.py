@@ -32,6 +32,7 @@ class RequestRecord:
         "inflight_at_send",
         "info",
         "model",
+        "pinned",
         "prefill_ahead",
         "priority",
         "prompt_est",
@@ -60,6 +61,7 @@ class RequestRecord:
         self.priority = info.priority
         self.tenant = info.tenant
         self.model = info.model
+        self.pinned = info.backend  # the backend it must run on, or None
         self.weight = info.weight
         self.deadline = info.client_deadline  # absolute client deadline, or None
         self.seq = seq  # arrival order, a tie-breaker for heaps

@@ -58,6 +58,12 @@ class RequestInfo:
     # end: no first-token time to measure, so no overdue-first-token alarm either (its
     # length would look like a TTFT that never came).
     first_token_visible: bool = True
+    # Prefill-only (embeddings, rerank, score, classify): it holds KV for its prompt only
+    # and finishes in the step that computes it, generating nothing; its whole time is
+    # its time to first token.
+    prefill_only: bool = False
+    # It must run on this backend (a continuation of a response stored there); None: any.
+    backend: str | None = None
 
 
 @dataclass(slots=True)

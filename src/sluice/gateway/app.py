@@ -1,18 +1,18 @@
 """The gateway's HTTP surface: OpenAI-compatible routes in front of the backends.
 
-Per request: authenticate (key -> tenant -> class), read and check the body, ask the core
-Controller for admission, wait for a slot, relay to the chosen backend, report first token
-and completion back to the core. The decisions are the core's; this module only does I/O."""
+This module holds the gateway's parts and their lifecycle (start, hot reload, stop) and
+the routes; every proxied route goes through the one request path (request_path.py: a
+pipeline of small stages over one RequestContext). The decisions are the core's; the
+gateway only does I/O."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import logging
 import os
 import secrets
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,39 +21,32 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sluice.config import Backend, Feature, Policy, policy_secrets
-from sluice.core.circuit_breaker import CircuitBreaker
+from sluice.config import Backend, Policy, policy_secrets
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
-from sluice.core.types import Outcome, RejectCode, Rejection, RequestInfo
 from sluice.gateway.auth import KeyRing
-from sluice.gateway.backend_pool import BackendPool, ModelLookup
+from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
-from sluice.gateway.errors import error_response, error_shape_middleware, reject_response
-from sluice.gateway.fallback import static_fallback
+from sluice.gateway.errors import error_response, error_shape_middleware
 from sluice.gateway.features import Features
-from sluice.gateway.logs import ACCESS_LOG, REDACTOR, access
+from sluice.gateway.logs import ACCESS_LOG, REDACTOR
+from sluice.gateway.lora_admin import lora_call
+from sluice.gateway.model_catalog import model_cards, model_list
 from sluice.gateway.policy_watch import PolicyWatcher
-from sluice.gateway.relay import Relay, RelayContext, RelayResult
-from sluice.gateway.request_body import BadRequest, ParsedRequest, parse_request, upstream_body
+from sluice.gateway.relay import Relay
+from sluice.gateway.request_path import RequestPath
 from sluice.gateway.returns import BookingTokens, booking_secret
-from sluice.gateway.shared_quota import QuotaTicket, SharedQuotaGate
+from sluice.gateway.routes import PROXIED
+from sluice.gateway.shared_quota import SharedQuotaGate
+from sluice.gateway.stages.authenticate import unauthorized
 from sluice.gateway.telemetry import Telemetry
 
 log = logging.getLogger("sluice.gateway")
 
-# When a request sets no max_tokens, assume this much output for its cost estimate.
-DEFAULT_MAX_TOKENS = 1024
-# Attempts per request when a backend fails before anything reached the client.
-MAX_ATTEMPTS = 2
-# A retry waits for a slot at most this long (the Retry-After of the answer it replaces).
-RETRY_WAIT_S = 1.0
 ACCESS_FLUSH_S = 0.2
 UPSTREAM_KEEPALIVE_S = 4.0
-_DEADLINE_HEADERS = ("X-Request-Timeout", "X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
-QUOTA_TICKET: web.RequestKey[QuotaTicket] = web.RequestKey("quota_ticket")
 STATIC_DIR = Path(__file__).parent / "static"
 
 
@@ -99,12 +92,22 @@ class Gateway:
         self.features = Features(
             policy, self.clock, self.telemetry.breaker_changed, self.telemetry.breaker_removed
         )
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}"
         self.session: aiohttp.ClientSession | None = None
         self.pool: BackendPool | None = None
         self.relay: Relay | None = None
-        self.draining = False
+        # every proxied route's handler (start() connects it to the backends)
+        self.path = RequestPath(
+            policy,
+            self.keyring,
+            self.features,
+            self.controller,
+            self.bridge,
+            self.telemetry,
+            self.clock,
+            self.quota_gate,
+            self.tokens,
+        )
+        self._draining = False
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -136,7 +139,13 @@ class Gateway:
             on_capacity=lambda fraction: self.features.set_healthy_fraction(fraction),
             on_breaker=self.telemetry.breaker_changed,
         )
-        self.relay = Relay(self.session, self.telemetry)
+        self.relay = Relay(
+            self.session,
+            self.telemetry,
+            self.policy.server.upstream_timeout,
+            self.policy.expose.error_details,
+        )
+        self.path.connect(self.pool, self.relay)
         await self.pool.start()
         if self.quota_gate is not None:
             await self.quota_gate.start()
@@ -170,7 +179,21 @@ class Gateway:
             self.pool.set_backends(list(policy.backends))
             self.pool.set_scraper(policy.scraper)
             self.features.set_healthy_fraction(self.pool.healthy_fraction())
+        if self.relay is not None:
+            self.relay.default_timeout = policy.server.upstream_timeout
+            self.relay.error_details = policy.expose.error_details
+        self.path.apply_policy(policy, self.keyring, self.features)
         self.bridge.pump()
+
+    @property
+    def draining(self) -> bool:
+        """Shutting down: new requests are refused (503), open ones finish."""
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        self.path.draining = value
 
     async def _flush_access_log(self) -> None:
         while True:
@@ -198,10 +221,18 @@ class Gateway:
     # --- routes --------------------------------------------------------------------------
 
     def routes(self) -> list[web.RouteDef]:
+        # the request path itself is each proxied route's handler, given the route's spec
+        proxied = [
+            web.route(method, path, partial(self.path.serve, spec))
+            for method, path, spec in PROXIED
+        ]
         return [
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.post("/v1/completions", self.completions),
+            *proxied,
             web.get("/v1/models", self.models),
+            web.get("/v1/models/{model:.+}", self.model),
+            web.post("/v1/load_lora_adapter", self.load_lora_adapter),
+            web.post("/v1/unload_lora_adapter", self.unload_lora_adapter),
+            web.get("/v1/realtime", self.realtime),
             web.get("/metrics", self.metrics),
             web.get("/health", self.health),
             web.get("/healthz", self.healthz),
@@ -212,22 +243,46 @@ class Gateway:
             web.get("/admin/state", self.admin_state),
         ]
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, chat=True)
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, chat=False)
-
     async def models(self, request: web.Request) -> web.Response:
         if self._tenant(request) is None:
-            return _unauthorized()
+            return unauthorized()
         assert self.pool is not None
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "sluice"}
-            for m in sorted(self.pool.known_models())
-        ]
         return web.Response(
-            body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
+            body=orjson.dumps(model_list(self.pool)), content_type="application/json"
+        )
+
+    async def model(self, request: web.Request) -> web.Response:
+        if self._tenant(request) is None:
+            return unauthorized()
+        assert self.pool is not None
+        name = request.match_info["model"]
+        card = model_cards(self.pool).get(name)
+        if card is None:
+            return error_response(404, f"The model `{name}` does not exist.", "model_not_found")
+        return web.Response(body=orjson.dumps(card), content_type="application/json")
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self._lora(request, "/v1/load_lora_adapter")
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        return await self._lora(request, "/v1/unload_lora_adapter")
+
+    async def _lora(self, request: web.Request, path: str) -> web.Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        assert self.pool is not None and self.session is not None
+        return await lora_call(request, self.pool, self.session, path)
+
+    async def realtime(self, _request: web.Request) -> web.Response:
+        """Refused on purpose (docs/routes.md): a realtime session streams audio for as
+        long as it stays open, which the gateway can neither cost nor bound."""
+        return error_response(
+            501,
+            "Sluice does not relay /v1/realtime sessions: a websocket session streams "
+            "audio for as long as it stays open, which the gateway can neither cost, "
+            "queue nor bound. Use /v1/audio/transcriptions (streamed with stream=true), "
+            "or connect to the backend directly.",
+            "realtime_not_supported",
         )
 
     async def metrics(self, _request: web.Request) -> web.Response:
@@ -336,377 +391,12 @@ class Gateway:
     # --- the request path ----------------------------------------------------------------
 
     def _tenant(self, request: web.Request) -> Any:
+        """The tenant of a request outside the request path (the model list): its key
+        as `Authorization: Bearer` or, from the anthropic SDK, `x-api-key`."""
         key = KeyRing.bearer(request.headers.get("Authorization"))
+        if key is None:
+            key = (request.headers.get("x-api-key") or "").strip() or None
         return self.keyring.tenant_for(key) if key else None
-
-    async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        """One access record per request, whatever happens to it."""
-        started = self.clock.now()
-        fields: dict[str, Any] = {"path": request.path}
-        response: web.StreamResponse | None = None
-        try:
-            response = await self._serve(request, chat, started, fields)
-            return response
-        finally:
-            # 499: the client went away before the answer was complete (nginx's usage).
-            fields["status"] = response.status if response is not None else 499
-            fields["duration_ms"] = round((self.clock.now() - started) * 1000, 1)
-            access(fields)
-            if self.quota_gate is not None and (ticket := request.get(QUOTA_TICKET)):
-                ticket.close()  # gives back to the shared quota what was not used
-
-    async def _serve(
-        self, request: web.Request, chat: bool, started: float, fields: dict[str, Any]
-    ) -> web.StreamResponse:
-        tenant = self._tenant(request)
-        if tenant is None:
-            return _unauthorized()
-        fields["tenant"] = tenant.name
-        priority = tenant.priority
-        asked = request.headers.get("X-Priority")
-        if asked is not None:
-            if asked.strip() not in ("0", "1", "2"):
-                return error_response(
-                    400,
-                    "X-Priority must be 0, 1 or 2",
-                    "invalid_priority",
-                    {"X-Sluice-Priority": str(priority)},
-                )
-            if int(asked) < tenant.priority:
-                return error_response(
-                    403,
-                    f"this key may ask for priority {tenant.priority} or lower (a higher "
-                    "number), not " + asked.strip(),
-                    "priority_not_allowed",
-                    {"X-Sluice-Priority": str(priority)},
-                )
-            priority = int(asked)
-        headers = {"X-Sluice-Priority": str(priority)}
-        fields["priority"] = priority
-        if self.draining:
-            return error_response(
-                503,
-                "The gateway is shutting down; retry on another replica.",
-                "shutting_down",
-                {**headers, "Retry-After": "1"},
-            )
-
-        try:
-            if request.content.is_eof():
-                raw = await request.read()  # all here already: no timer needed
-            else:
-                async with asyncio.timeout(self.policy.server.read_timeout):
-                    raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(
-                413,
-                f"the body is larger than {self.policy.server.max_body_bytes} bytes",
-                "body_too_large",
-                headers,
-            )
-        except TimeoutError:
-            return error_response(
-                408, "the request body was not received in time", "request_timeout", headers
-            )
-        try:
-            parsed = parse_request(raw, chat)
-            first_byte_s, total_s = _client_timeouts(request)
-        except BadRequest as exc:
-            return error_response(400, str(exc), "invalid_request", headers)
-
-        assert self.pool is not None and self.relay is not None
-        lookup = self.pool.lookup(parsed.model)
-        if lookup is not ModelLookup.SERVED:
-            if lookup is ModelLookup.NOT_YET_KNOWN:  # a backend that is down may serve it
-                return self._rejected(priority, RejectCode.NO_BACKEND, 2.0, headers, None)
-            return error_response(
-                404, f"The model `{parsed.model}` does not exist.", "model_not_found", headers
-            )
-
-        feature = self.features.resolve(
-            request.headers.get("X-Sluice-Feature"), tenant, parsed.model
-        )
-        feature_name = feature.name if feature else None
-        breaker = self.features.breaker(feature)
-        if breaker is not None and not breaker.allow():
-            fields.update(outcome="fallback", feature=feature_name)
-            return await self._fallback(request, parsed, feature, chat, headers, started)
-
-        retry = _retry_attempt(request)
-        if retry:
-            self.telemetry.retries.labels(str(priority), retry[1]).inc()
-        # The core drops a queued request its client will no longer wait for; the relay
-        # stops an upstream call at the client's overall deadline.
-        wait_deadline = started + first_byte_s if first_byte_s is not None else None
-        deadline = started + total_s if total_s is not None else None
-        body = upstream_body(parsed, raw)
-        base_id = f"{self._id_prefix}-{next(self._ids)}"
-        headers["X-Request-Id"] = base_id
-        fields.update(
-            request_id=base_id, model=parsed.model, stream=parsed.stream, feature=feature_name
-        )
-        queued_total = 0.0
-        ticket = None
-        if self.quota_gate is not None and self.quota_gate.limits(tenant.name):
-            # charged as the core charges the local quotas (one rule: Controller.cost_of)
-            cost = self.controller.cost_of(
-                RequestInfo(
-                    request_id=base_id,
-                    tenant=tenant.name,
-                    priority=priority,
-                    model=parsed.model,
-                    prompt_tokens=parsed.prompt_tokens_est,
-                    max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
-                    sequences=parsed.sequences,
-                )
-            )
-            ticket = await self.quota_gate.acquire(tenant.name, cost)
-            if not ticket.ok:
-                fields["outcome"] = RejectCode.TENANT_QUOTA.value
-                return self._rejected(
-                    priority, RejectCode.TENANT_QUOTA, ticket.retry_after_s, headers, breaker
-                )
-            request[QUOTA_TICKET] = ticket  # closed by _complete on every way out
-        # A request that failed before anything reached its client is tried once more on
-        # another backend; after the first byte it is never replayed.
-        failed: RelayResult | None = None  # the answer a retry replaces
-        booking, booked_slot = self.tokens.return_claim(request.headers, tenant.name, priority)
-        for attempt in range(MAX_ATTEMPTS):
-            request_id = base_id if attempt == 0 else f"{base_id}-r{attempt}"
-            patience = wait_deadline
-            if failed is not None:
-                # The retry is the gateway's own idea: it may not wait for a slot past the
-                # client's deadline nor longer than the refusal's Retry-After; if it finds
-                # none by then, the client gets the first answer.
-                patience = self.clock.now() + RETRY_WAIT_S
-                if wait_deadline is not None:
-                    patience = min(patience, wait_deadline)
-            info = RequestInfo(
-                request_id=request_id,
-                tenant=tenant.name,
-                priority=priority,
-                model=parsed.model,
-                prompt_tokens=parsed.prompt_tokens_est,
-                max_tokens=parsed.max_tokens or DEFAULT_MAX_TOKENS,
-                sequences=parsed.sequences,
-                weight=tenant.weight,
-                client_deadline=patience,
-                feature=feature_name,
-                retry_attempt=retry[0] if retry else 0,
-                first_token_visible=parsed.stream,
-                booking=booking if failed is None else None,
-                booked_slot=booked_slot,
-                give_up_at=deadline,
-            )
-            admission = self.bridge.arrive(info)
-            if not admission.queued:
-                assert admission.code is not None
-                if failed is not None:
-                    return self._retry_gave_up(failed, priority, started, fields, headers)
-                fields["outcome"] = admission.code.value
-                headers.update(self.tokens.refusal_headers(admission, priority, tenant.name))
-                return self._rejected(
-                    priority, admission.code, admission.retry_after_s, headers, breaker, deadline
-                )
-            decision = admission.assignment or await self.bridge.wait(request_id)
-            queued_total += decision.queued_s
-            headers["X-Sluice-Queue-Ms"] = str(round(queued_total * 1000))
-            fields["queue_ms"] = round(queued_total * 1000, 1)
-            if isinstance(decision, Rejection):
-                self.telemetry.observe_queue_wait(priority, decision.queued_s)
-                if failed is not None:
-                    return self._retry_gave_up(failed, priority, started, fields, headers)
-                fields["outcome"] = decision.code.value
-                headers.update(self.tokens.refusal_headers(decision, priority, tenant.name))
-                return self._rejected(
-                    priority, decision.code, decision.retry_after_s, headers, breaker, deadline
-                )
-            self.telemetry.observe_queue_wait(priority, decision.queued_s)
-            if self.policy.expose.backend_names:
-                headers["X-Sluice-Backend"] = decision.backend
-            fields.update(backend=decision.backend, attempt=attempt + 1)
-            fields["outcome"] = "cancelled"  # until the relay says otherwise
-            if ticket is not None:
-                ticket.ran = True
-            result = await self._forward(
-                request,
-                request_id,
-                priority,
-                decision.backend,
-                chat,
-                parsed,
-                body,
-                headers,
-                started,
-                deadline,
-            )
-            if ticket is not None:
-                ticket.finished(result.outcome, result.prompt_tokens, result.completion_tokens)
-            if breaker is not None:
-                if result.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
-                    breaker.record_failure()
-                elif result.outcome is Outcome.OK:
-                    breaker.record_success()
-            # str() of a StrEnum is its value, without enum's Python-level `.value`
-            outcome = str(result.outcome)
-            fields["outcome"] = outcome
-            if result.completion_tokens is not None:
-                fields["completion_tokens"] = result.completion_tokens
-            if result.retryable:
-                if breaker is not None:
-                    fields["outcome"] = "fallback"
-                    # Non-core: answer from the fallback now and keep what capacity is
-                    # left for core traffic.
-                    return await self._fallback(request, parsed, feature, chat, headers, started)
-                if attempt + 1 < MAX_ATTEMPTS and (deadline is None or self.clock.now() < deadline):
-                    self.telemetry.outcome(priority, "retried_on_other_backend")
-                    failed = result
-                    continue
-            self.telemetry.outcome(priority, outcome)
-            self.telemetry.observe_latency(priority, self.clock.now() - started)
-            return result.response
-        raise AssertionError("unreachable: the last attempt returns")
-
-    async def _forward(
-        self,
-        request: web.Request,
-        request_id: str,
-        priority: int,
-        backend_name: str,
-        chat: bool,
-        parsed: ParsedRequest,
-        body: bytes,
-        headers: dict[str, str],
-        started: float,
-        deadline: float | None,
-    ) -> RelayResult:
-        assert self.pool is not None and self.relay is not None
-        backend = self.pool.handle(backend_name)
-        ctx = RelayContext(
-            request=request,
-            request_id=request_id,
-            priority=priority,
-            backend=backend,
-            path="/v1/chat/completions" if chat else "/v1/completions",
-            body=body,
-            stream=parsed.stream,
-            strip_usage=parsed.stream and not parsed.include_usage,
-            headers=headers,
-            started=started,
-            deadline=deadline,
-            default_timeout=self.policy.server.upstream_timeout,
-            error_details=self.policy.expose.error_details,
-        )
-        try:
-            # only a stream's first token is seen (relayed whole, an answer has none)
-            first_token = self._first_token(ctx) if parsed.stream else _no_first_token
-            result = await self.relay.forward(ctx, on_first_token=first_token)
-        except BaseException:
-            # The client went away (the handler is cancelled) or something unexpected:
-            # the slot comes back either way.
-            self.controller.cancel(request_id)
-            self.telemetry.outcome(priority, Outcome.CANCELLED.value)
-            self.bridge.pump()
-            raise
-        self.controller.on_finish(
-            request_id, result.outcome, result.prompt_tokens, result.completion_tokens
-        )
-        self.pool.record(backend, result.outcome, lost=result.backend_lost)
-        self.bridge.pump()
-        return result
-
-    def _retry_gave_up(
-        self,
-        failed: RelayResult,
-        priority: int,
-        started: float,
-        fields: dict[str, Any],
-        headers: dict[str, str],
-    ) -> web.StreamResponse:
-        """A retry found no slot in time: the client gets the first attempt's answer."""
-        fields["outcome"] = failed.outcome.value
-        if "X-Sluice-Queue-Ms" in headers:
-            failed.response.headers["X-Sluice-Queue-Ms"] = headers["X-Sluice-Queue-Ms"]
-        self.telemetry.outcome(priority, failed.outcome.value)
-        self.telemetry.observe_latency(priority, self.clock.now() - started)
-        return failed.response
-
-    def _rejected(
-        self,
-        priority: int,
-        code: RejectCode,
-        retry_after_s: float,
-        headers: dict[str, str],
-        breaker: CircuitBreaker | None,
-        deadline: float | None = None,
-    ) -> web.Response:
-        if breaker is not None and code is not RejectCode.TENANT_QUOTA:
-            breaker.record_shed()
-        self.telemetry.rejections.labels(str(priority), code.value).inc()
-        self.telemetry.outcome(priority, "rejected")
-        if code is not RejectCode.CANNOT_SERVE_IN_TIME:
-            self.telemetry.retry_after.labels(str(priority)).observe(retry_after_s)
-        queue = self.policy.queue(priority).name
-        within_s = None if deadline is None else deadline - self.clock.now()
-        return reject_response(code, retry_after_s, queue, headers, within_s)
-
-    async def _fallback(
-        self,
-        request: web.Request,
-        parsed: ParsedRequest,
-        feature: Feature | None,
-        chat: bool,
-        headers: dict[str, str],
-        started: float,
-    ) -> web.StreamResponse:
-        assert feature is not None and feature.fallback is not None
-        priority = int(headers["X-Sluice-Priority"])
-        self.telemetry.fallbacks.labels(feature.name).inc()
-        self.telemetry.outcome(priority, "fallback")
-        if feature.fallback.static is not None:
-            return await static_fallback(request, parsed, feature.fallback.static, chat, headers)
-        assert self.pool is not None and self.relay is not None and feature.fallback.backend
-        handle = self.pool.handle(feature.fallback.backend)
-        body = dict(parsed.body)
-        if handle.models:
-            body["model"] = sorted(handle.models)[0]
-        small = ParsedRequest(
-            body=body,
-            model=body["model"],
-            stream=parsed.stream,
-            include_usage=parsed.include_usage,
-            max_tokens=parsed.max_tokens,
-            prompt_tokens_est=parsed.prompt_tokens_est,
-            sequences=parsed.sequences,
-        )
-        ctx = RelayContext(
-            request=request,
-            request_id=f"fallback-{next(self._ids)}",
-            priority=priority,
-            backend=handle,
-            path="/v1/chat/completions" if chat else "/v1/completions",
-            body=upstream_body(small, orjson.dumps(body)),
-            stream=parsed.stream,
-            strip_usage=parsed.stream and not parsed.include_usage,
-            headers={**headers, "X-Sluice-Fallback": "model"},
-            started=started,
-            deadline=None,
-            default_timeout=self.policy.server.upstream_timeout,
-            error_details=self.policy.expose.error_details,
-        )
-        result = await self.relay.forward(ctx, on_first_token=_no_first_token)
-        return result.response
-
-    def _first_token(self, ctx: RelayContext) -> Any:
-        def on_first_token() -> None:
-            self.controller.on_first_token(ctx.request_id)
-            self.telemetry.observe_ttft(ctx.priority, self.clock.now() - ctx.started)
-
-        return on_first_token
-
-
-def _no_first_token() -> None:
-    pass
 
 
 def anonymous_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -722,50 +412,6 @@ def anonymous_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
     for i, b in enumerate(snapshot["backends"].values(), 1):
         backends[f"backend {i}"] = {k: v for k, v in b.items() if k not in ("models", "limiter")}
     return {**snapshot, "classes": classes, "backends": backends}
-
-
-def _unauthorized() -> web.Response:
-    return error_response(
-        401, "Missing or unknown API key: send Authorization: Bearer <key>.", "invalid_api_key"
-    )
-
-
-def _client_timeouts(request: web.Request) -> tuple[float | None, float | None]:
-    """The client's own deadlines in seconds: (for the first byte, for the whole call).
-    X-Request-Timeout and the openai SDK's X-Stainless-Timeout bound the whole call;
-    X-Stainless-Read-Timeout bounds each read, so only the wait for the first byte (the
-    queue wait). The smallest applicable one wins."""
-    first: float | None = None
-    total: float | None = None
-    headers = request.headers
-    for name in _DEADLINE_HEADERS:
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value)
-        except ValueError:
-            raise BadRequest(f"{name} must be a number of seconds") from None
-        if not 0 < seconds < float("inf"):
-            raise BadRequest(f"{name} must be a positive number of seconds")
-        if first is None or seconds < first:
-            first = seconds
-        if name != "X-Stainless-Read-Timeout" and (total is None or seconds < total):
-            total = seconds
-    return first, total
-
-
-def _retry_attempt(request: web.Request) -> tuple[int, str] | None:
-    """Which retry this is, and which client made it: Sluice's SDK sends X-Sluice-Retry,
-    the openai SDK x-stainless-retry-count."""
-    for header, client in (
-        ("X-Sluice-Retry", "sluice-sdk"),
-        ("X-Stainless-Retry-Count", "openai-sdk"),
-    ):
-        value = request.headers.get(header)
-        if value is not None and value.isdigit() and int(value) > 0:
-            return min(int(value), 1000), client
-    return None
 
 
 def create_app(

@@ -104,6 +104,8 @@ POST_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"
 class BackendHandle:
     spec: Backend
     models: set[str] = field(default_factory=set)
+    # what its /v1/models says of each (LoRA adapters included, with their `parent`)
+    cards: dict[str, dict[str, object]] = field(default_factory=dict)
     models_known: bool = False  # listed in the policy, or learned from the backend
     healthy: bool = False
     failures: int = 0
@@ -118,6 +120,11 @@ class BackendHandle:
     # Headers for its /v1 routes: the backend's own key, if it has one (set_backends).
     auth_headers: dict[str, str] = field(default_factory=dict)
     post_headers: dict[str, str] = field(default_factory=lambda: dict(POST_HEADERS))
+    # its URL without a trailing slash, kept with the spec (read on every request)
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self.url = self.spec.url.rstrip("/")
 
     @classmethod
     def create(cls, spec: Backend, on_breaker: Callable[[str, str], None]) -> BackendHandle:
@@ -134,10 +141,6 @@ class BackendHandle:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def url(self) -> str:
-        return self.spec.url.rstrip("/")
 
 
 @dataclass
@@ -183,6 +186,7 @@ class BackendPool:
         self._started = False
         self._tasks: list[asyncio.Task[None]] = []
         self.backends: dict[str, BackendHandle] = {}
+        self._turn = 0
         self.set_backends(backends)
 
     def set_backends(self, backends: list[Backend]) -> None:
@@ -193,6 +197,7 @@ class BackendPool:
         for b in backends:
             h = self.backends[b.name]
             h.spec = b
+            h.url = b.url.rstrip("/")
             h.auth_headers = b.auth_headers()
             h.post_headers = {**POST_HEADERS, **h.auth_headers}
             h.engine.pin(b.engine)
@@ -208,9 +213,6 @@ class BackendPool:
         self._scraper = scraper
 
     # --- queries -------------------------------------------------------------------------
-
-    def known_models(self) -> set[str]:
-        return {m for h in self.backends.values() for m in h.models}
 
     def serves(self, model: str) -> bool:
         """Whether any backend (healthy or not) serves the model."""
@@ -231,6 +233,15 @@ class BackendPool:
 
     def handle(self, name: str) -> BackendHandle:
         return self.backends[name]
+
+    def pick(self, model: str) -> BackendHandle | None:
+        """For a request outside the queues (tokenize, count_tokens): a healthy backend
+        serving the model ("": any), in turn."""
+        fits = [h for h in self.backends.values() if h.healthy and (not model or model in h.models)]
+        if not fits:
+            return None
+        self._turn = (self._turn + 1) % len(fits)
+        return fits[self._turn]
 
     # --- background loops ----------------------------------------------------------------
 
@@ -277,16 +288,24 @@ class BackendPool:
             probe = Probe.FAILED
         h.slow_probes = 0
         ok = probe is Probe.OK
-        if ok and (not h.models or refresh_models) and not h.spec.models:
-            models = await self._fetch_models(h)
-            if models is not None:
-                h.models_known = True
-                if models != h.models:
-                    h.models = models
-                    self._controller.set_backend_models(h.name, sorted(models))
-            elif not h.models:
-                ok = False  # serves nothing we can route to yet
+        wanted = ok and (not h.models or refresh_models) and not h.spec.models
+        if wanted and not await self.refresh_models(h) and not h.models:
+            ok = False  # serves nothing we can route to yet
         self.report(h, ok)
+
+    async def refresh_models(self, h: BackendHandle) -> bool:
+        """Read the backend's /v1/models again (at start, every MODELS_REFRESH_S, after a
+        LoRA adapter is loaded or unloaded); False if it did not answer."""
+        cards = await self._fetch_models(h)
+        if cards is None:
+            return False
+        h.models_known = True
+        h.cards = cards
+        models = set(cards)
+        if models != h.models:
+            h.models = models
+            self._controller.set_backend_models(h.name, sorted(models))
+        return True
 
     def alive(self, h: BackendHandle) -> bool:
         """Whether the backend answered anything within ALIVE_WINDOW_S."""
@@ -356,7 +375,7 @@ class BackendPool:
         h.last_answer = self._clock.now()
         return Probe.OK if ok else Probe.FAILED  # vLLM answers 503 when its engine died
 
-    async def _fetch_models(self, h: BackendHandle) -> set[str] | None:
+    async def _fetch_models(self, h: BackendHandle) -> dict[str, dict[str, object]] | None:
         try:
             async with self._session.get(
                 f"{h.url}/v1/models",
@@ -368,7 +387,7 @@ class BackendPool:
                 if r.status != 200:
                     return None
                 body = orjson.loads(await r.read())
-            return {m["id"] for m in body.get("data", []) if isinstance(m.get("id"), str)}
+            return {m["id"]: m for m in body.get("data", []) if isinstance(m.get("id"), str)}
         except (
             aiohttp.ClientError,
             TimeoutError,

@@ -11,11 +11,15 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 
 from sluice.core.types import RejectCode
+
+if TYPE_CHECKING:
+    from sluice.gateway.error_shapes import ErrorShape
 
 log = logging.getLogger("sluice.gateway")
 
@@ -90,6 +94,11 @@ _REJECT_MESSAGES = {
 }
 
 
+def reject_message(code: RejectCode, queue: str, retry_after_s: float = 0.0) -> str:
+    """The refusal's message (`cannot_serve_in_time` names the earliest room it found)."""
+    return _REJECT_MESSAGES[code].format(queue=queue, room=math.ceil(retry_after_s))
+
+
 def reject_response(
     code: RejectCode,
     retry_after_s: float,
@@ -101,7 +110,7 @@ def reject_response(
     # x-should-retry: false, which the openai and anthropic SDKs obey. A booked return
     # slot's token is among `headers` (gateway/returns.py); `within_s`: what is left of the
     # client's deadline (retry_after_headers).
-    message = _REJECT_MESSAGES[code].format(queue=queue, room=math.ceil(retry_after_s))
+    message = reject_message(code, queue, retry_after_s)
     if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
         return error_response(400, message, code.value, headers)
     status = 503 if code is RejectCode.NO_BACKEND else 429
@@ -129,7 +138,8 @@ async def error_shape_middleware(request: web.Request, handler: _Handler) -> web
         raise  # the client went away: nothing to answer
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
-        return error_response(500, "The gateway failed to handle the request.", "internal_error")
+        shape = _shape_for(request.path)
+        return shape.response(500, "The gateway failed to handle the request.", "internal_error")
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
@@ -144,4 +154,12 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     else:
         message, code = exc.reason or f"HTTP {exc.status}", None
     headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-    return error_response(exc.status, message, code, headers)
+    return _shape_for(request.path).response(exc.status, message, code, headers)
+
+
+def _shape_for(path: str) -> ErrorShape:
+    """The error shape of the route a path names: Anthropic's on its Messages routes (the
+    anthropic SDK parses only that one), OpenAI's everywhere else."""
+    from sluice.gateway.error_shapes import shape_for_path  # (it builds on this module)
+
+    return shape_for_path(path)

@@ -93,10 +93,17 @@ async def static_fallback(
     if parsed.include_usage:
         events.append(chunk([], usage=usage))
     events.append(b"data: [DONE]\n\n")
+    return await write_events(request, headers, b"".join(events))
+
+
+async def write_events(
+    request: web.Request, headers: dict[str, str], events: bytes
+) -> web.StreamResponse:
+    """A fallback's whole event stream, written at once (every route's static fallback)."""
     response = web.StreamResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    await response.write(b"".join(events))
+    await response.write(events)
     await response.write_eof()
     return response

@@ -9,11 +9,16 @@ Whose fault: only what the backend did or failed to do counts against it (`backe
 `Outcome.ERROR`). A client's hang-up, at any point (while its request is sent upstream,
 before the answer's head, between two events, or after `data: [DONE]` before the chunked
 terminator, as httpx and guidellm do), is the client's: every write to the client goes
-through `_ClientWriter`, which turns a failed write into the client's cancellation
+through `_client`, which turns a failed write into the client's cancellation
 (or, once the whole answer was written, into nothing: the stream is complete).
 
 What a client is told of a failure names no internals unless `expose.errorDetails` says
-so: the kind of failure, not the backend's host:port nor the HTTP client's own words."""
+so: the kind of failure, not the backend's host:port nor the HTTP client's own words.
+
+What differs per route comes from its RouteSpec (routes/spec.py): the backend's path and
+method, the client headers passed on, where the answer's usage is (`usage`), how its
+stream is read (`stream`: the usage event, the first-token event, a refusing backend's
+first event) and the shape of its errors (`errors`)."""
 
 from __future__ import annotations
 
@@ -22,38 +27,22 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from sluice.core.types import Outcome
-from sluice.gateway.backend_pool import BackendHandle, warn_credentials_refused
-from sluice.gateway.errors import error_body, error_response, retry_after_headers
+from sluice.gateway.backend_pool import warn_credentials_refused
 from sluice.gateway.telemetry import Telemetry
 from sluice.gateway.upstream_deadline import UpstreamDeadline
 
+if TYPE_CHECKING:
+    from sluice.gateway.request_context import RequestContext
+
 _EVENT_END = b"\n\n"
-_USAGE_ONLY = b'"choices":[]'
-_ERROR_EVENT = b'data: {"error"'
-_DONE = b"data: [DONE]\n\n"
-
-
-@dataclass(slots=True)
-class RelayContext:
-    request: web.Request
-    request_id: str
-    priority: int
-    backend: BackendHandle
-    path: str
-    body: bytes
-    stream: bool
-    strip_usage: bool  # the gateway asked for usage; the client did not
-    headers: dict[str, str]
-    started: float  # time.monotonic() at arrival
-    deadline: float | None  # time.monotonic() scale
-    default_timeout: float
-    error_details: bool = False  # name the backend and the transport error to the client
+_NO_USAGE: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(slots=True)
@@ -66,25 +55,38 @@ class RelayResult:
     backend_lost: bool = False
     # Failed before anything reached the client: another backend may try it.
     retryable: bool = False
+    # The answer's body, or a stream's first events (what a route may read an id from).
+    head: bytes = b""
 
 
 class Relay:
-    def __init__(self, session: aiohttp.ClientSession, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        telemetry: Telemetry,
+        default_timeout: float,
+        error_details: bool = False,
+    ) -> None:
         self._session = session
         self._telemetry = telemetry
+        # server.upstreamTimeout: the cap of a call whose client set no deadline
+        self.default_timeout = default_timeout
+        # expose.errorDetails: a client is told which backend failed, and how
+        self.error_details = error_details
 
-    async def forward(self, ctx: RelayContext, on_first_token: Callable[[], None]) -> RelayResult:
-        timeout = ctx.default_timeout
+    async def forward(self, ctx: RequestContext, on_first_token: Callable[[], None]) -> RelayResult:
+        timeout = self.default_timeout
         if ctx.deadline is not None:
             timeout = min(timeout, ctx.deadline - time.monotonic())
         # only a stream's relay changes it: an answer relayed whole shares one that stays
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
-        url = ctx.backend.url + ctx.path
+        backend = ctx.backend
+        route = ctx.route
         # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
-        headers = {**ctx.backend.post_headers, "X-Request-Id": ctx.request_id}
+        headers = {**backend.post_headers, "X-Request-Id": ctx.request_id}
         if (trace := ctx.request.headers.get("traceparent")) is not None:
-            # W3C trace context, the one client header passed on: vLLM's spans (with
-            # --otlp-traces-endpoint) join the client's trace
+            # W3C trace context: vLLM's spans (with --otlp-traces-endpoint) join the
+            # client's trace
             headers["traceparent"] = trace
             if (trace_state := ctx.request.headers.get("tracestate")) is not None:
                 headers["tracestate"] = trace_state
@@ -92,7 +94,13 @@ class Relay:
         timed_out = False
         try:
             try:
-                async with self._session.post(url, data=ctx.body, headers=headers) as up:
+                if route.plain_post:  # most routes: POST a JSON body to a fixed path
+                    call = self._session.post(
+                        backend.url + route.upstream_path, data=ctx.body, headers=headers
+                    )
+                else:
+                    call = self._call(ctx, headers)
+                async with call as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
@@ -122,7 +130,12 @@ class Relay:
                 else "The backend closed the connection."
             )
             result = await self._fail(
-                ctx, state, 502, _detailed(ctx, plain, exc), "upstream_error", Outcome.ERROR
+                ctx,
+                state,
+                502,
+                _detailed(ctx, self.error_details, plain, exc),
+                "upstream_error",
+                Outcome.ERROR,
             )
             result.backend_lost = True
             return result
@@ -136,14 +149,27 @@ class Relay:
                 ctx,
                 state,
                 502,
-                _detailed(ctx, "The backend's answer broke off.", exc),
+                _detailed(ctx, self.error_details, "The backend's answer broke off.", exc),
                 "upstream_error",
                 Outcome.ERROR,
             )
             result.backend_lost = True
             return result
 
-    async def _timed_out(self, ctx: RelayContext, state: _StreamState) -> RelayResult:
+    def _call(self, ctx: RequestContext, headers: dict[str, str]) -> Any:
+        """The upstream call of a route that is not a plain JSON POST: its own method and
+        path (the request's, query included), its own headers, its own Content-Type."""
+        route = ctx.route
+        client = ctx.request.headers
+        for name in route.forwarded_headers:  # the route's own (anthropic-version, -beta)
+            if (value := client.get(name)) is not None:
+                headers[name] = value
+        if route.client_content_type:  # a multipart upload keeps its boundary
+            headers["Content-Type"] = client.get("Content-Type", "")
+        url = ctx.backend.url + (route.upstream_path or ctx.request.raw_path)
+        return self._session.request(route.method, url, data=ctx.body, headers=headers)
+
+    async def _timed_out(self, ctx: RequestContext, state: _StreamState) -> RelayResult:
         self._telemetry.upstream_errors.labels(ctx.backend.name, "timeout").inc()
         return await self._fail(
             ctx,
@@ -154,9 +180,9 @@ class Relay:
             Outcome.TIMEOUT,
         )
 
-    async def _relay_body(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+    async def _relay_body(self, ctx: RequestContext, up: aiohttp.ClientResponse) -> RelayResult:
         data = await up.read()
-        usage = _usage_of(data)
+        prompt, completion = ctx.route.usage.read(data)
         response = web.Response(
             body=data,
             status=200,
@@ -165,18 +191,23 @@ class Relay:
                 "Content-Type": up.headers.get("Content-Type", "application/json"),
             },
         )
-        return RelayResult(response, Outcome.OK, *usage)
+        return RelayResult(response, Outcome.OK, prompt, completion, head=data)
 
     async def _relay_stream(
         self,
-        ctx: RelayContext,
+        ctx: RequestContext,
         up: aiohttp.ClientResponse,
         on_first_token: Callable[[], None],
         state: _StreamState,
     ) -> RelayResult:
+        shape = ctx.route.stream
+        assert shape is not None, "only a route with a stream shape is streamed"
         pending = b""
-        usage: tuple[int | None, int | None] = (None, None)
+        usage = _NO_USAGE
         response: web.StreamResponse | None = None
+        head = b""
+        # the first token's event, when it is not the first event (None: it is)
+        first_token = shape.first_token_marker
         async for chunk in up.content.iter_any():
             # Relay whole events only; a chunk usually is exactly that (no copy then).
             if pending:
@@ -188,11 +219,13 @@ class Relay:
                     continue
                 chunk, pending = chunk[: end + 2], chunk[end + 2 :]
             if response is None:
-                if chunk.startswith(_ERROR_EVENT):
+                if chunk.startswith(shape.refusal_prefix):
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
-                    return _overloaded(ctx, _error_message(chunk))
-                on_first_token()
+                    return _overloaded(ctx, self.error_details, _error_message(chunk))
+                if first_token is None:
+                    on_first_token()
+                head = chunk
                 response = state.response = web.StreamResponse(
                     status=200,
                     headers={
@@ -202,8 +235,11 @@ class Relay:
                     },
                 )
                 await _client(state, response.prepare(ctx.request))
-            if _USAGE_ONLY in chunk:
-                chunk, usage = _take_usage(chunk, ctx.strip_usage)
+            if first_token is not None and first_token in chunk:
+                on_first_token()
+                first_token = None
+            if shape.usage_marker in chunk:
+                chunk, usage = shape.take_usage(chunk, ctx.route.usage, ctx.strip_usage, usage)
             await _client(state, response.write(chunk))
         if response is None:
             raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
@@ -214,25 +250,27 @@ class Relay:
         # whole answer. Not a failure of anyone's.
         with contextlib.suppress(*_CLIENT_GONE):
             await response.write_eof()
-        return RelayResult(response, Outcome.OK, *usage)
+        return RelayResult(response, Outcome.OK, *usage, head=head)
 
-    async def _backend_refused(self, ctx: RelayContext, up: aiohttp.ClientResponse) -> RelayResult:
+    async def _backend_refused(
+        self, ctx: RequestContext, up: aiohttp.ClientResponse
+    ) -> RelayResult:
         data = await up.read()
         if up.status in (429, 503):
             self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
-            return _overloaded(ctx, _error_message(data))
+            return _overloaded(ctx, self.error_details, _error_message(data))
         if up.status in (401, 403):
             # The gateway sends no client credentials upstream: the backend refused the
             # gateway's own key (backends[].apiKeyEnv), which no client can fix.
             self._telemetry.upstream_errors.labels(ctx.backend.name, "auth").inc()
             warn_credentials_refused(ctx.backend.name, up.status)
-            which = f"The backend {ctx.backend.name}" if ctx.error_details else "A backend"
+            which = f"The backend {ctx.backend.name}" if self.error_details else "A backend"
             message = (
                 f"{which} refused the gateway's credentials "
                 f"(HTTP {up.status}); its key is set with backends[].apiKeyEnv."
             )
             return RelayResult(
-                error_response(502, message, "upstream_auth", ctx.headers),
+                ctx.route.errors.response(502, message, "upstream_auth", ctx.headers),
                 Outcome.ERROR,
                 retryable=True,
             )
@@ -249,32 +287,33 @@ class Relay:
             return RelayResult(response, Outcome.CLIENT_ERROR)
         self._telemetry.upstream_errors.labels(ctx.backend.name, f"http_{up.status}").inc()
         message = f"The backend answered HTTP {up.status}."
-        if ctx.error_details:
+        if self.error_details:
             message = f"The backend {ctx.backend.name} answered HTTP {up.status}: "
             message += _error_message(data)
         return RelayResult(
-            error_response(502, message, "upstream_error", ctx.headers),
+            ctx.route.errors.response(502, message, "upstream_error", ctx.headers),
             Outcome.ERROR,
             retryable=True,
         )
 
     async def _fail(
         self,
-        ctx: RelayContext,
+        ctx: RequestContext,
         state: _StreamState,
         status: int,
         message: str,
         code: str,
         outcome: Outcome,
     ) -> RelayResult:
+        errors = ctx.route.errors
         if state.response is None:
             return RelayResult(
-                error_response(status, message, code, ctx.headers),
+                errors.response(status, message, code, ctx.headers),
                 outcome,
                 retryable=outcome is Outcome.ERROR,
             )
         # Streaming already began: end the stream with an error event the client can see.
-        event = b"data: " + error_body(status, message, code) + b"\n\n" + _DONE
+        event = errors.stream_failure(status, message, code)
         with contextlib.suppress(*_CLIENT_GONE, asyncio.CancelledError):
             await state.response.write(event)
             await state.response.write_eof()
@@ -306,28 +345,30 @@ async def _client(state: _StreamState, write: Awaitable[object]) -> None:
         raise asyncio.CancelledError from None
 
 
-def _detailed(ctx: RelayContext, plain: str, exc: BaseException) -> str:
+def _detailed(ctx: RequestContext, details: bool, plain: str, exc: BaseException) -> str:
     """What the client is told of an upstream failure: the kind only, unless the policy
     exposes details (backend name, transport error)."""
-    if not ctx.error_details:
+    if not details:
         return plain
     return f"{plain[:-1]} (backend {ctx.backend.name}: {exc})."
 
 
-def _overloaded(ctx: RelayContext, detail: str) -> RelayResult:
+def _overloaded(ctx: RequestContext, details: bool, detail: str) -> RelayResult:
     message = "The backend is overloaded; retry shortly."
-    if ctx.error_details:
+    if details:
         message = f"The backend {ctx.backend.name} is overloaded ({detail}); retry shortly."
-    headers = {**ctx.headers, **retry_after_headers(1.0)}
     return RelayResult(
-        error_response(503, message, "backend_overloaded", headers),
-        Outcome.OVERLOADED,
-        retryable=True,
+        ctx.route.errors.overloaded(message, ctx.headers), Outcome.OVERLOADED, retryable=True
     )
 
 
 def _error_message(data: bytes) -> str:
-    text = data.removeprefix(b"data: ").split(b"\n\n", 1)[0]
+    """The message of a backend's error: an OpenAI-shaped body, an Anthropic-shaped one
+    (`error.message` too), or an SSE error event (`data: {...}`, maybe after `event:`)."""
+    text = data
+    if data.startswith((b"data:", b"event:")) and (at := data.find(b"data: ")) >= 0:
+        text = data[at + 6 :]
+    text = text.split(b"\n\n", 1)[0]
     try:
         body = orjson.loads(text)
         err = body.get("error") if isinstance(body, dict) else None
@@ -338,48 +379,3 @@ def _error_message(data: bytes) -> str:
     except orjson.JSONDecodeError:
         pass
     return text[:200].decode("utf-8", "replace")
-
-
-def _usage_of(data: bytes) -> tuple[int | None, int | None]:
-    """The token counts of an answer's `usage` object. Fast path: parse only the last
-    `"usage": {...}` (a raw `"usage"` is a key: inside a JSON string its quotes would be
-    escaped); anything unexpected there falls back to parsing the whole answer."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
-        return None, None
-    start = data.find(b"{", at)
-    end = data.find(b"}", start)
-    if start > 0 and end > 0 and data[at + 7 : start].strip() == b":":
-        try:
-            usage = orjson.loads(data[start : end + 1])
-        except orjson.JSONDecodeError:
-            usage = None  # nested objects inside usage
-        if type(usage) is dict and "prompt_tokens" in usage:
-            return _count(usage["prompt_tokens"]), _count(usage.get("completion_tokens"))
-    try:
-        usage = orjson.loads(data).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None, None
-    if not isinstance(usage, dict):
-        return None, None
-    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-
-
-def _count(value: object) -> int | None:
-    # exactly int: not a bool (orjson makes no other int subclass)
-    return value if type(value) is int else None
-
-
-def _take_usage(events: bytes, strip: bool) -> tuple[bytes, tuple[int | None, int | None]]:
-    """Read the usage-only event's counts, and cut it out when the client did not ask."""
-    kept = []
-    usage: tuple[int | None, int | None] = (None, None)
-    for event in events.split(_EVENT_END):
-        if not event:
-            continue
-        if _USAGE_ONLY in event and event.startswith(b"data: {"):
-            usage = _usage_of(event[6:])
-            if strip:
-                continue
-        kept.append(event + _EVENT_END)
-    return b"".join(kept), usage

@@ -142,13 +142,19 @@ def _int_field(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object (every route's parser starts here)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"the body is not valid JSON ({exc})") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, chat: bool) -> ParsedRequest:
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a string")

@@ -21,7 +21,7 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -30,7 +30,6 @@ from prometheus_client.registry import Collector
 
 from sluice import __version__
 
-CLASSES = ("0", "1", "2")
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 STATE_PUBLISH_S = 0.5
 QUOTA_MODES = ("redis", "local")
@@ -64,6 +63,25 @@ def fast_inc(child: Any) -> Callable[[float], None]:
     return child.inc if value is None else value.inc  # type: ignore[no-any-return]
 
 
+# (priority, route): what the request path's metrics are labelled by
+MetricKey = tuple[int, str]
+
+
+K = TypeVar("K")
+
+
+class _Bound(dict[K, Callable[[float], None]]):
+    """Pre-bound metric updates, made on first use of a key."""
+
+    def __init__(self, make: Callable[[K], Callable[[float], None]]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: K) -> Callable[[float], None]:
+        update = self[key] = self._make(key)
+        return update
+
+
 def multiprocess_dir() -> str | None:
     """The folder prometheus_client shares values through, when this is one of several
     worker processes (prometheus_client reads the same variable at import)."""
@@ -84,14 +102,14 @@ class Telemetry:
         self._publisher: asyncio.Task[None] | None = None
         self.requests = Counter(
             "sluice_requests",
-            "Requests answered, by class and outcome",
-            ["priority", "outcome"],
+            "Requests answered, by class, route and outcome",
+            ["priority", "route", "outcome"],
             registry=r,
         )
         self.rejections = Counter(
             "sluice_rejections",
-            "Requests refused with 429/503, by class and cause",
-            ["priority", "code"],
+            "Requests refused with 429/503 (529 on the Anthropic route), by class, route and cause",
+            ["priority", "route", "code"],
             registry=r,
         )
         self.retries = Counter(
@@ -190,15 +208,15 @@ class Telemetry:
         )
         self.ttft = Histogram(
             "sluice_ttft_seconds",
-            "Time to first token seen by the client, by class",
-            ["priority"],
+            "Time to first token seen by the client, by class and route",
+            ["priority", "route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.latency = Histogram(
             "sluice_request_duration_seconds",
-            "End-to-end request time, by class",
-            ["priority"],
+            "End-to-end request time, by class and route",
+            ["priority", "route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -207,36 +225,33 @@ class Telemetry:
             "Retry-After given with each refusal that carries one, by class",
             ["priority"],
             buckets=(0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60),
-            registry=self.registry,
+            registry=r,
         )
         self.queue_wait = Histogram(
             "sluice_queue_wait_seconds",
-            "Time spent queued before dispatch, by class",
-            ["priority"],
+            "Time spent queued before dispatch, by class and route",
+            ["priority", "route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        # by priority (an int, as the request path has it)
-        self._ttft = {int(c): fast_observe(self.ttft.labels(c)) for c in CLASSES}
-        self._latency = {int(c): fast_observe(self.latency.labels(c)) for c in CLASSES}
-        self._queue_wait = {int(c): fast_observe(self.queue_wait.labels(c)) for c in CLASSES}
-        self._outcomes: dict[tuple[int, str], Callable[[float], None]] = {}
+        # The request path's updates, bound per (priority, route) (its `ctx.metric_key`)
+        # on first use and indexed directly, no method call between (the request path's
+        # hottest calls): `count[key, outcome](1)`, `observe_latency[key](seconds)`.
+        self.count: _Bound[tuple[MetricKey, str]] = _Bound(
+            lambda k: fast_inc(self.requests.labels(str(k[0][0]), k[0][1], k[1]))
+        )
+        self.observe_ttft: _Bound[MetricKey] = _Bound(
+            lambda k: fast_observe(self.ttft.labels(str(k[0]), k[1]))
+        )
+        self.observe_latency: _Bound[MetricKey] = _Bound(
+            lambda k: fast_observe(self.latency.labels(str(k[0]), k[1]))
+        )
+        self.observe_queue_wait: _Bound[MetricKey] = _Bound(
+            lambda k: fast_observe(self.queue_wait.labels(str(k[0]), k[1]))
+        )
 
-    def outcome(self, priority: int, outcome: str) -> None:
-        key = (priority, outcome)
-        inc = self._outcomes.get(key)
-        if inc is None:
-            inc = self._outcomes[key] = fast_inc(self.requests.labels(str(priority), outcome))
-        inc(1)
-
-    def observe_ttft(self, priority: int, seconds: float) -> None:
-        self._ttft[priority](seconds)
-
-    def observe_latency(self, priority: int, seconds: float) -> None:
-        self._latency[priority](seconds)
-
-    def observe_queue_wait(self, priority: int, seconds: float) -> None:
-        self._queue_wait[priority](seconds)
+    def rejected(self, key: MetricKey, code: str) -> None:
+        self.rejections.labels(str(key[0]), key[1], code).inc()
 
     def policy_reloaded(self, ok: bool, _errors: list[str]) -> None:
         self.reloads.labels("ok" if ok else "refused").inc()
@@ -289,13 +304,15 @@ class Telemetry:
                 for s in family.samples:
                     if s.name.endswith("_total"):
                         by_class = out[key].setdefault("P" + s.labels["priority"], {})
-                        by_class[s.labels[label]] = s.value
+                        what = s.labels[label]  # over every route
+                        by_class[what] = by_class.get(what, 0.0) + s.value
         for metric, key in ((self.ttft, "ttft"), (self.retry_after, "retry_after")):
             for family in self._families(metric):
                 for s in family.samples:
                     if s.name.endswith(("_sum", "_count")):
                         entry = out[key].setdefault("P" + s.labels["priority"], {})
-                        entry[s.name.rsplit("_", 1)[1]] = s.value
+                        part = s.name.rsplit("_", 1)[1]
+                        entry[part] = entry.get(part, 0.0) + s.value
         return out
 
     def watch_state(self, snapshot: Callable[[], dict[str, Any]]) -> None:
