@@ -271,6 +271,23 @@ class PressurePolicy(_Model):
     max_retry_after: Duration = Field(default=60.0, ge=1, le=60)
 
 
+class RetryAfterPolicy(_Model):
+    """How a refusal's Retry-After is chosen (docs/overload.md, "Retry-After").
+
+    `booking` (default): the refusal books a return slot in its class's forecast capacity;
+    the client that comes back in it with the booking the 429 gave it is admitted ahead of
+    fresh arrivals of its class. `drain`: the drain-time estimate Sluice used before
+    (no booking). `fixed`: always `fixedSeconds` (no booking; for comparisons)."""
+
+    rule: Literal["booking", "drain", "fixed"] = "booking"
+    fixed_seconds: Duration = Field(default=60.0, ge=0.1, le=60)
+    # The environment variable holding a secret shared by the gateway replicas, which sign
+    # booking tokens with it so that a return is recognised by whichever replica it lands
+    # on. A name, never the secret itself. Unset: each process signs with its own random
+    # key (a return is recognised by the replica that refused it).
+    secret_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class ScraperPolicy(_Model):
     interval: Duration = Field(default=0.25, gt=0)
     # Metrics older than this are stale: control falls back to latency only.
@@ -335,6 +352,7 @@ class Policy(_Model):
     limiter: LimiterPolicy = LimiterPolicy()
     dispatcher: DispatcherPolicy = DispatcherPolicy()
     pressure: PressurePolicy = PressurePolicy()
+    retry_after: RetryAfterPolicy = RetryAfterPolicy()
     scraper: ScraperPolicy = ScraperPolicy()
     server: ServerPolicy = ServerPolicy()
     breakers: BreakerPolicy = BreakerPolicy()

@@ -96,6 +96,8 @@ class Burst:
     def __init__(self, url: str) -> None:
         self.url = url
         self.statuses: Counter[int | str] = Counter()
+        self.scheduled = 0  # 429s whose client will come back with the booking they gave
+        self.returns = 0  # ... attempts sent back with it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
@@ -107,31 +109,47 @@ class Burst:
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "the burst's requests did not finish"
 
-    async def _one(self, client: httpx.AsyncClient, rng: random.Random) -> int | str:
+    async def _one(
+        self, client: httpx.AsyncClient, rng: random.Random, key: str, booking: str | None
+    ) -> tuple[int | str, httpx.Headers | None]:
         body = {
             "model": "sluice-sim",
             "stream": True,
             "max_tokens": rng.randint(16, 96),
             "messages": [{"role": "user", "content": "lorem " * rng.randint(50, 300)}],
         }
-        headers = {"Authorization": "Bearer " + rng.choice(KEYS)}
+        headers = {"Authorization": "Bearer " + key}
+        if booking is not None:
+            headers["X-Sluice-Booking"] = booking
+            self.returns += 1
         try:
             async with client.stream(
                 "POST", self.url + "/v1/chat/completions", json=body, headers=headers
             ) as response:
                 async for _ in response.aiter_bytes():
                     pass
-                return response.status_code
+                return response.status_code, response.headers
         except httpx.HTTPError as e:
-            return type(e).__name__
+            return type(e).__name__, None
 
     async def _client(self, client: httpx.AsyncClient, seed: int) -> None:
         rng = random.Random(seed)
+        booking = None
+        key = rng.choice(KEYS)
         while not self._stop.is_set():
-            status = await self._one(client, rng)
+            if booking is None:
+                key = rng.choice(KEYS)
+            status, headers = await self._one(client, rng, key, booking)  # a return: same key
             self.statuses[status] += 1
-            if status == 429:  # a polite client backs off a little (not the point here)
-                await asyncio.sleep(0.1)
+            booking = None
+            if status == 429 and headers is not None:
+                # back at a short Retry-After with the booking it gave (a long one would
+                # outlast the test: then a short back-off, as a fresh request)
+                ra = int(headers.get("retry-after-ms", "100")) / 1000
+                if ra <= 6.0 and "x-sluice-booking" in headers:
+                    booking = headers["x-sluice-booking"]
+                    self.scheduled += 1
+                await asyncio.sleep(ra if booking else 0.1)
 
     async def _run(self) -> None:
         limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
@@ -231,11 +249,17 @@ def test_dashboard_charts_follow_a_burst(gateway_url: str, tmp_path: Path) -> No
                     '`[data-chart="rejected-P${i}"]`).dataset.max) > 0)',
                     timeout=5_000,
                 )
+                assert _chart(page, "retry")[1] > 0  # and the Retry-After they were given
 
             # Once the burst is over the page shows the gateway's numbers as they are now:
             # the same counters, empty queues and idle backends in the tiles.
             settled = _settled_state(gateway_url)
             page.wait_for_function(SAME_COUNTERS, arg=settled["counters"], timeout=5_000)
+            back = [c["returns"] for c in settled["controller"]["classes"].values()]
+            if any(r["returned_admitted"] for r in back):  # some were let in on their return
+                assert _chart(page, "returns")[1] > 0
+            if any(r["waited"] for r in back):
+                assert _chart(page, "waited")[1] > 0
             for c in ("P0", "P1", "P2"):
                 assert page.inner_text(f'#tile-{c} [data-field="queued"]') == "0"
             drawn = page.evaluate("sluiceDashboard.lastState.controller.backends")
@@ -260,6 +284,10 @@ def test_dashboard_charts_follow_a_burst(gateway_url: str, tmp_path: Path) -> No
             assert page.inner_text("#status") == "live"
             assert not page.is_visible("#banner")
             assert errors == []
-            print(f"burst: {dict(burst.statuses)}; rejected/s max per class {rejected}")
+            print(
+                f"burst: {dict(burst.statuses)}; returns {burst.returns} of "
+                f"{burst.scheduled} told to come back within 6 s; "
+                f"rejected/s max per class {rejected}"
+            )
         finally:
             browser.close()

@@ -205,6 +205,55 @@ def test_x_request_timeout_header_is_a_deadline_too() -> None:
     assert response.status_code == 429 and server.calls == 1
 
 
+class Recorder(Server):
+    """A Server that also keeps every attempt's headers."""
+
+    def __init__(self, *answers: tuple[int, dict[str, str]], **kw: object) -> None:
+        super().__init__(*answers, **kw)  # type: ignore[arg-type]
+        self.headers: list[httpx.Headers] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.headers.append(request.headers)
+        return super().__call__(request)
+
+
+def test_a_return_slot_is_kept_the_window_jitters_and_the_booking_goes_back() -> None:
+    time = FakeTime()
+    slot = {
+        "retry-after-ms": "2500",
+        "Retry-After": "3",
+        "X-Sluice-Booking": "b1.2.99.abc",
+        "X-Sluice-Retry-Window-Ms": "200",
+    }
+    server = Recorder((429, slot), (429, {"Retry-After": "1"}), (200, {}))
+    client, _ = sync_client(server, time, seed=3)
+    response = client.post(URL, content=BODY, headers={"X-Request-Timeout": "20"})
+    assert response.status_code == 200
+    reference = random.Random(3)
+    # back at the slot plus a share of its window (not 50 % of 2.5 s: that misses it)
+    assert time.sleeps == [2.5 + 0.2 * reference.random(), 1.0 * (1 + 0.5 * reference.random())]
+    assert "x-sluice-booking" not in server.headers[0]
+    assert server.headers[1]["x-sluice-booking"] == "b1.2.99.abc"
+    assert "x-sluice-booking" not in server.headers[2]  # the second refusal booked none
+    # each retry states what is left of the caller's 20 s
+    assert server.headers[0]["x-request-timeout"] == "20"
+    assert float(server.headers[1]["x-request-timeout"]) == pytest.approx(
+        20 - time.sleeps[0], abs=1e-3
+    )
+    assert float(server.headers[2]["x-request-timeout"]) == pytest.approx(
+        20 - sum(time.sleeps), abs=1e-3
+    )
+
+
+def test_cannot_serve_in_time_is_not_retried() -> None:
+    time = FakeTime()
+    server = Server((429, {"x-should-retry": "false"}), (200, {}))
+    client, transport = sync_client(server, time)
+    response = client.post(URL, content=BODY)
+    assert response.status_code == 429 and server.calls == 1 and time.sleeps == []
+    assert transport.stats.retries == 0
+
+
 def test_budget_caps_retries_of_a_thousand_refused_requests() -> None:
     time = FakeTime()
     server = Server((429, RA_1S))

@@ -136,3 +136,20 @@ def test_removed_requests_leave_the_deadline_heap() -> None:
     q.remove("a0")
     assert q.next_due(0.0) == 2.0
     assert [r.request_id for r in q.pop_due(5.0, 0.0)] == ["a1"]
+
+
+def test_returns_lane_is_in_the_per_model_index() -> None:
+    # a returned request is its model's oldest for the dispatcher's other-model pass, and
+    # leaves the index however it leaves the queue (taken, popped, parked then removed)
+    q = ClassQueue(POLICY)
+    q.push(rec("fresh", "A"))
+    q.push(rec("back", "R"), returning=True)
+    q.push(rec("back2", "R"), returning=True)
+    assert list(q.by_model["m"]) == ["fresh", "back", "back2"]
+    q.take(q.by_model["m"]["back"])  # another model's pass took it: no tenant to charge
+    assert list(q.by_model["m"]) == ["fresh", "back2"] and "back" not in q.returns
+    q.park(q.returns["back2"])
+    assert "back2" in q.by_model["m"] and "back2" not in q.returns
+    q.remove("back2")
+    assert q.pop() is not None and q.pop() is None
+    assert q.by_model == {} and len(q) == 0

@@ -1,4 +1,6 @@
-"""The three drop policies, through the Controller, with a fake clock."""
+"""The three drop policies, through the Controller, with a fake clock. The Retry-After
+figures here are the `drain` rule's (retry_after.py); the return slots of the default
+`booking` rule are tested in test_core_return_slots.py."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def policy(limit: int = 1, reserved: float = 0.0, **queue_overrides: dict[str, A
             "queues": [{"priority": p, "name": f"q{p}", **q} for p, q in queues.items()],
             "limiter": {"algorithm": "fixed", "fixedLimit": limit},
             "dispatcher": {"reserved": {"p0": reserved}},
+            "retryAfter": {"rule": "drain"},
         }
     )
 

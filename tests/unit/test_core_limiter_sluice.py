@@ -250,6 +250,31 @@ def test_tpot_target_follows_a_slow_model() -> None:
     assert lim.tpot_target(0.0) == pytest.approx(0.15)  # 3 x base above the 30 ms floor
 
 
+def test_sustained_load_does_not_raise_the_tpot_target() -> None:
+    # the windowed base forgets the light moments within two windows (10 s here); the
+    # target keeps the lowest TPOT of the last 5 min for the same mix
+    lim = limiter()
+    lim.on_dispatch(20, 500, 0.0)
+    lim.on_sample(Sample(tpot_s=0.012, e2e_s=1.0), 0.0)
+    assert lim.tpot_target(0.0) == pytest.approx(0.036)
+    for k in range(1, 60):  # a minute of full batches at 20 ms per token, same mix
+        lim.on_dispatch(20, 500, float(k))
+        lim.on_sample(Sample(tpot_s=0.020, e2e_s=1.0), float(k))
+    assert lim.describe()["tpot_base_s"] == pytest.approx(0.020)  # the window moved on
+    assert lim.tpot_target(60.0) == pytest.approx(0.036)  # still 3 x 12 ms, not 3 x 20
+
+
+def test_a_new_request_mix_gets_a_new_tpot_target() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 500, 0.0)
+    lim.on_sample(Sample(tpot_s=0.012, e2e_s=1.0), 0.0)
+    for k in range(1, 200):  # prompts 8x longer: the mix's footprint moves past 1.5x
+        lim.on_dispatch(20, 4000, 0.1 * k)
+    for k in range(30, 60):
+        lim.on_sample(Sample(tpot_s=0.025, e2e_s=1.0), float(k))
+    assert lim.tpot_target(60.0) == pytest.approx(0.075)  # 3 x the new mix's 25 ms
+
+
 def test_drops_cut_once_per_window() -> None:
     lim = limiter()
     lim.on_dispatch(20, 100, 0.0)

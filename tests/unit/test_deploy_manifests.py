@@ -195,6 +195,15 @@ def test_configmap_holds_no_plaintext_key() -> None:
         assert all(re.fullmatch(r"[0-9a-f]{64}", k) for k in holder["apiKeySha256"])
 
 
+def test_the_replicas_share_the_booking_key_from_an_optional_secret() -> None:
+    # a refused client's return lands on any pod: they sign its token with one key
+    policy = load_policy(CONFIGMAP)
+    assert policy.retry_after.rule == "booking" and policy.retry_after.secret_env
+    env = {e["name"]: e for e in gateway_container()["env"]}
+    ref = env[policy.retry_after.secret_env]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == "sluice-booking-key" and ref["optional"] is True
+
+
 def test_configmap_points_at_the_in_cluster_redis_and_backends() -> None:
     policy = load_policy(CONFIGMAP)
     assert policy.redis is not None

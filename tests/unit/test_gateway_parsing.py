@@ -93,6 +93,28 @@ def test_retry_after_headers_are_whole_seconds_at_least_one() -> None:
     assert retry_after_headers(2.01) == {"Retry-After": "3", "retry-after-ms": "2010"}
 
 
+def test_a_retry_after_within_the_clients_deadline_stays_within_it_in_whole_seconds() -> None:
+    # 2.75 s to a slot, 2.9 s left: "3" would point past the deadline
+    assert retry_after_headers(2.75, within_s=2.9) == {
+        "Retry-After": "2",
+        "retry-after-ms": "2750",
+    }
+    assert retry_after_headers(0.4, within_s=0.9)["Retry-After"] == "0"
+    assert retry_after_headers(2.75, within_s=3.0)["Retry-After"] == "3"  # it fits
+    # a rule with no deadline bound (fixed, drain) is not rewritten into another promise
+    assert retry_after_headers(60.0, within_s=5.0)["Retry-After"] == "60"
+
+
+def test_cannot_serve_in_time_has_no_retry_after_and_says_not_to_retry() -> None:
+    resp = reject_response(RejectCode.CANNOT_SERVE_IN_TIME, 41.2, "batch-extraction", {})
+    assert resp.status == 429
+    assert "Retry-After" not in resp.headers and "retry-after-ms" not in resp.headers
+    assert resp.headers["x-should-retry"] == "false"
+    body = orjson.loads(resp.body)
+    assert body["error"]["code"] == "cannot_serve_in_time"
+    assert "about 42 s" in body["error"]["message"]
+
+
 def test_reject_response_shape() -> None:
     resp = reject_response(
         RejectCode.FAST_REJECT, 4.5, "batch-extraction", {"X-Sluice-Priority": "2"}

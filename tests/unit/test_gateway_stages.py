@@ -27,6 +27,7 @@ from sluice.gateway.relay import RelayResult
 from sluice.gateway.request_body import BadRequest
 from sluice.gateway.request_context import RequestContext
 from sluice.gateway.response_store import ResponseStore
+from sluice.gateway.returns import BookingTokens
 from sluice.gateway.routes import CHAT
 from sluice.gateway.routes.pooling import EMBEDDINGS
 from sluice.gateway.shared_quota import QuotaTicket
@@ -328,8 +329,13 @@ class _Gate:
         return _Ticket(self.ok)
 
 
-def _refusal() -> Refusal:
-    return Refusal(Telemetry(), _policy())
+def _refusal(clock: MonotonicClock | None = None) -> Refusal:
+    clock = clock or MonotonicClock()
+    return Refusal(Telemetry(), _policy(), _tokens(clock), clock)
+
+
+def _tokens(clock: MonotonicClock) -> BookingTokens:
+    return BookingTokens(b"test-key", clock.now)
 
 
 async def test_quota_ticket_refuses_a_tenant_over_its_shared_quota() -> None:
@@ -369,7 +375,8 @@ def _admission(clock: MonotonicClock | None = None) -> tuple[Admission, Controll
     controller.set_backend_health("b0", True)
     pool = _Pool({"m"})
     bridge = DispatchBridge(controller, clock)
-    return Admission(bridge, pool, Telemetry(), clock, _refusal()), controller, pool  # type: ignore[arg-type]
+    stage = Admission(bridge, pool, Telemetry(), clock, _refusal(clock), _tokens(clock))  # type: ignore[arg-type]
+    return stage, controller, pool
 
 
 def _begun(admission: Admission, headers: dict[str, str] | None = None) -> RequestContext:

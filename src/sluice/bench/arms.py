@@ -14,6 +14,9 @@
   (`fleet:`): the same engines, scrapes and clients, one controller (`bench.fleet`).
 * `gie`, `gie-flow`, `litellm`, `envoy`: the peers' own decisions (`bench.peers`); LiteLLM's
   `max_parallel_requests` is the first phase's sweet spot, as `static`'s cap.
+* `ra-drain`, `ra-60s`, `ra-1s`: `sluice` with another Retry-After rule, to compare with
+  its return slots: the drain-time rule Sluice had before them, always 60 s, always 1 s
+  (`retryAfter.rule: drain | fixed`; no booking, so no returns lane).
 
 Adaptive arms get `limiter.maxLimit` = the engine's `max_num_seqs`: the policy's default of
 256 would hold an H100 below its sweet spot, and a limit above max_num_seqs means nothing.
@@ -29,7 +32,23 @@ from sluice.bench.peers import PEER_ARMS, peer_arm
 from sluice.bench.scenario import Scenario
 from sluice.config import CLASS_NAMES, DEFAULT_QUEUES, Policy
 
-ARMS = ("direct", "static", "fifo", "sluice", "slo", "oracle", ONE_GATEWAY, *PEER_ARMS)
+# the Retry-After rules `sluice` is compared with (docs/bench.md, "Refusals and returns")
+RETRY_AFTER_ARMS = {
+    "ra-drain": {"rule": "drain"},
+    "ra-60s": {"rule": "fixed", "fixedSeconds": 60},
+    "ra-1s": {"rule": "fixed", "fixedSeconds": 1},
+}
+ARMS = (
+    "direct",
+    "static",
+    "fifo",
+    "sluice",
+    "slo",
+    "oracle",
+    ONE_GATEWAY,
+    *PEER_ARMS,
+    *RETRY_AFTER_ARMS,
+)
 VIRTUAL_ONLY = frozenset({"oracle"})
 
 FIFO_QUEUE_SIZE = sum(q.max_queue_size for q in DEFAULT_QUEUES)
@@ -62,11 +81,16 @@ def _queues(scenario: Scenario) -> list[dict[str, Any]]:
 
 
 def sluice_policy(
-    scenario: Scenario, max_limit: int, *, reserved_p0: float | None = None, **limiter: Any
+    scenario: Scenario,
+    max_limit: int,
+    retry_after: dict[str, Any] | None = None,
+    *,
+    reserved_p0: float | None = None,
+    **limiter: Any,
 ) -> Policy:
     """The `sluice` arm's policy: the defaults, with the scenario's objectives;
-    `reserved_p0` replaces the dispatcher's P0 reservation (experiments:
-    bench/limiter_ablation.py)."""
+    `retry_after` replaces the Retry-After rule (the `ra-*` arms); `reserved_p0` the
+    dispatcher's P0 reservation (experiments: bench/limiter_ablation.py)."""
     initial = min(8, max_limit)
     doc: dict[str, Any] = {
         "queues": _queues(scenario),
@@ -75,6 +99,8 @@ def sluice_policy(
     }
     if reserved_p0 is not None:
         doc["dispatcher"] = {"reserved": {"p0": reserved_p0}}
+    if retry_after is not None:
+        doc["retryAfter"] = retry_after
     return Policy.model_validate(doc)
 
 
@@ -123,6 +149,8 @@ def arm_spec(
         return ArmSpec(name, sluice_policy(scenario, max_limit))
     if name == "slo":
         return ArmSpec("slo", sluice_policy(scenario, max_limit, algorithm="slo"))
+    if name in RETRY_AFTER_ARMS:
+        return ArmSpec(name, sluice_policy(scenario, max_limit, RETRY_AFTER_ARMS[name]))
     if name == "oracle":
         if oracle_caps is None:
             raise ValueError("the oracle arm needs its caps (run the sweep first)")

@@ -47,6 +47,7 @@ from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.engine_view import EngineView
 from sluice.bench.fleet import Balancer, FleetSpec, ReplicaClock
 from sluice.bench.noise import Jitter
+from sluice.bench.returns import CANNOT_SERVE_IN_TIME, note_refusal
 from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
@@ -141,15 +142,20 @@ class ReqState:
         "aid",
         "attempt",
         "backend",
+        "booking",
+        "booking_due",
         "conn",
         "end_at",
+        "first_refused_at",
         "first_token_at",
         "gw",
         "last_token_at",
         "outcome",
         "queued_at",
         "ra_attempts",
+        "ra_given",
         "ra_retry",
+        "ra_window",
         "rejections",
         "retried_at",
         "sent_at",
@@ -181,6 +187,13 @@ class ReqState:
         # per retry: (when it comes back, why the attempt before failed, Retry-After given)
         self.retried_at: list[tuple[float, str, float | None]] | None = None
         self.wasted = 0
+        # the booking of the last refusal (sent back with the next attempt) and the window
+        # over which the gateway asked for the return to be spread
+        self.booking: str | None = None
+        self.booking_due: float | None = None  # when it was told to come back (the token's)
+        self.ra_window = 0.0
+        self.first_refused_at: float | None = None
+        self.ra_given: list[float] = []  # the Retry-After of each refusal (as sent)
 
 
 @dataclass
@@ -219,6 +232,8 @@ class ArmRun:
     # per gateway replica (replacements included): when it started, its arrivals, its
     # rolling-restart steps and what was open or cut at each (`bench.fleet`)
     replicas: list[dict[str, Any]] = field(default_factory=list)
+    dispatch_log: list[tuple[float, int]] = field(default_factory=list)  # (time, class)
+    reserved_p0: float = 0.0  # the arm's P0 reservation (for the unused capacity)
 
 
 def plan_retry(
@@ -238,7 +253,14 @@ def plan_retry(
         retry = spec.retry
     if r.attempt + 1 >= retry.max_attempts or (outcome == TIMEOUT and not retry.on_timeout):
         return None
-    delay = retry_delay(spec, r.attempt, retry_after, seed, retry)
+    if (
+        outcome == REJECTED
+        and retry.follow_retry_after
+        and r.rejections
+        and r.rejections[-1] == CANNOT_SERVE_IN_TIME
+    ):
+        return None  # told that no retry would be served before its deadline
+    delay = retry_delay(spec, r.attempt, retry_after, seed, retry, r.ra_window)
     if delay is None:
         return None
     r.ra_retry = (
@@ -364,6 +386,7 @@ class _Run:
         self.t_end = self.duration + scenario.spec.drain
 
         self.preemption_times: list[float] = []
+        self.dispatch_log: list[tuple[float, int]] = []  # (time, class) of every send
         self.preempted_tokens = 0
         self.wasted_after_gone = 0
         self.ra_retries = 0
@@ -650,13 +673,17 @@ class _Run:
             retry_attempt=r.attempt,
             first_token_visible=not spec.pooling,
             prefill_only=spec.pooling,
+            booking=r.booking,
+            # the token carries it: another replica honours it (on its own clock)
+            booked_slot=None if r.booking_due is None else clock.at(r.booking_due),
         )
+        r.booking = None
         r.gw = gw
         self.gw_stats[gw]["arrivals"] += 1
         adm = self.ctrls[gw].arrive(info)
         if not adm.queued:
             assert adm.code is not None
-            self._rejected(t, r, adm.code.value, adm.retry_after_s)
+            self._rejected(t, r, adm.code.value, adm.retry_after_s, adm.booking, adm.retry_window_s)
         else:
             r.state = _QUEUED
             r.queued_at = t
@@ -668,8 +695,17 @@ class _Run:
                 self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
         self._pump(t, gw)
 
-    def _rejected(self, t: float, r: ReqState, code: str, retry_after: float | None) -> None:
+    def _rejected(
+        self,
+        t: float,
+        r: ReqState,
+        code: str,
+        retry_after: float | None,
+        booking: str | None = None,
+        window: float = 0.0,
+    ) -> None:
         cls = r.spec.class_name
+        note_refusal(r, t, code, retry_after, booking, window)
         counts = self.rejections[cls]
         counts[code] = counts.get(code, 0) + 1
         self.rejected_total[code] = self.rejected_total.get(code, 0) + 1
@@ -755,7 +791,7 @@ class _Run:
             if r is None or r.state != _QUEUED:
                 continue
             self.queued_by_class[r.spec.priority] -= 1
-            self._rejected(t, r, rej.code.value, rej.retry_after_s)
+            self._rejected(t, r, rej.code.value, rej.retry_after_s, rej.booking, rej.retry_window_s)
         for a in ctrl.dispatch():
             r = self.by_aid.get(a.request_id)
             if r is None or r.state != _QUEUED:
@@ -781,6 +817,7 @@ class _Run:
         spec = r.spec
         r.backend = b
         r.sent_at = t
+        self.dispatch_log.append((t, spec.priority))
         if self.dead[b]:
             # connection refused: the gateway takes the backend out at once
             self.by_aid.pop(r.aid, None)
@@ -1207,4 +1244,6 @@ def run_arm(
         peak_running=run.peak_running,
         peak_running_at=run.peak_running_at,
         replicas=run.replica_report(),
+        dispatch_log=run.dispatch_log,
+        reserved_p0=0.0 if arm.policy is None else arm.policy.dispatcher.reserved.p0,
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 from sluice.bench.cuts import limiter_states
 from sluice.bench.harness import CANCELLED, FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, ArmRun
+from sluice.bench.returns import refusal_figures
 from sluice.bench.scenario import CLASSES, Scenario, Slo
 
 # "The limit reached the new sweet spot": every backend's limit <= this x the sweet spot.
@@ -226,6 +227,7 @@ def arm_results(
         **({"routes": routes} if routes else {}),
         "rejections_by_cause": _total_rejections(run),
         "refusal_order": order,
+        "returns": refusal_figures(run, scenario),
         "retry_admission": {
             "came_back_at_retry_after": came_back,
             "admitted": run.retry_after_admitted,

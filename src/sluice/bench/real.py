@@ -54,14 +54,18 @@ from sluice.bench.harness import (
     plan_retry,
 )
 from sluice.bench.metrics import arm_results
+from sluice.bench.returns import note_refusal
 from sluice.bench.runner import arrivals_per_s, make_plan
 from sluice.bench.scenario import CLASSES, Scenario
+from sluice.client.retry_after import parse_window
+from sluice.client.transport import BOOKING_HEADER
 from sluice.config import Policy
 
 SATURATED_AT = 0.9
 SAMPLE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 20.0
 LEAD_S = 0.5  # between "everything is up" and the first arrival
+RETURN_MARGIN_S = 15.0  # the drain covers the longest Retry-After and this much more
 
 Progress = Callable[[str, float], None]
 
@@ -368,6 +372,7 @@ class _ArmRunner:
         }
         self.preempt_last = [0.0] * self.n
         self.preemption_times: list[float] = []
+        self.dispatch_log: list[tuple[float, int]] = []
         self.gen_total = [0.0] * self.n
         # engine counters, at the start and as last scraped (see `recomputed_tokens`)
         self.counters0: list[dict[str, float]] = [{} for _ in sims]
@@ -509,7 +514,15 @@ class _ArmRunner:
         r.end_at = self.now()
         self.settled += 1
 
-    def _reject(self, r: ReqState, code: str) -> None:
+    def _reject(self, r: ReqState, code: str, retry_after: float | None, headers: Any) -> None:
+        note_refusal(
+            r,
+            self.now(),
+            code,
+            retry_after,
+            headers.get(BOOKING_HEADER),
+            (parse_window(headers) or 0.0) if headers.get(BOOKING_HEADER) else 0.0,
+        )
         cls = r.spec.class_name
         counts = self.rejections[cls]
         counts[code] = counts.get(code, 0) + 1
@@ -525,6 +538,9 @@ class _ArmRunner:
             headers["X-Request-Timeout"] = f"{spec.deadline:g}"
         if r.attempt:
             headers["X-Sluice-Retry"] = str(r.attempt)
+        if r.booking is not None:
+            headers[BOOKING_HEADER] = r.booking
+            r.booking = None
         if self.gateway is None:
             b = self.rr % self.n
             self.rr += 1
@@ -560,11 +576,14 @@ class _ArmRunner:
                     if resp.status in (429, 503):
                         payload = await resp.read()
                         code = _error_code(payload) or f"http_{resp.status}"
-                        self._reject(r, code)
-                        return REJECTED, _retry_after(resp.headers)
+                        retry_after = _retry_after(resp.headers)
+                        self._reject(r, code, retry_after, resp.headers)
+                        return REJECTED, retry_after
                     if resp.status != 200:
                         await resp.read()
                         return FAILED, None
+                    # sent to a backend (the answer's head is back): for the hindsight
+                    self.dispatch_log.append((self.now(), spec.priority))
                     if r.ra_retry:
                         r.admitted_after_ra += 1
                     async for line in resp.content:
@@ -770,6 +789,11 @@ def _run_one_arm(
             gateway_url = f"http://127.0.0.1:{m.group(1)}"
         reqs = [ReqState(spec) for spec in workload]
         drain = scenario.spec.drain  # already shrunk by for_real_mode
+        if arm.policy is not None:
+            # long enough for a client told the longest Retry-After near the end of the
+            # arrivals to come back and be served: a shorter run would count it as never
+            # served whatever the rule (the run still ends once every request has)
+            drain = max(drain, arm.policy.pressure.max_retry_after + RETURN_MARGIN_S)
         pids = {"sims": [p.popen.pid for p in sims]}
         if gateway is not None:
             pids["gateway"] = [gateway.popen.pid]
@@ -805,6 +829,8 @@ def _run_one_arm(
         wall_s=time.perf_counter() - started,
         events=0,
         controller_snapshot=runner.controller_snapshot,
+        dispatch_log=runner.dispatch_log,
+        reserved_p0=0.0 if arm.policy is None else arm.policy.dispatcher.reserved.p0,
     )
     return run, {"cpu": runner.cpu_use, "recomputed_measured": recomputed is not None}
 

@@ -17,6 +17,9 @@ ARM_COLOURS = {
     "gie-flow": "tab:pink",
     "litellm": "tab:olive",
     "envoy": "tab:cyan",
+    "ra-drain": "tab:gray",
+    "ra-60s": "tab:purple",
+    "ra-1s": "tab:red",
 }
 MAX_BACKENDS_PLOTTED = 4
 
@@ -144,6 +147,85 @@ def class_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     _fmt(c.get("goodput_tokens_per_s"), nd=0),
                 ]
             )
+    return head, rows
+
+
+def returns_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Refused requests and their returns, per arm and class (bench/returns.py)."""
+    head = [
+        "arm",
+        "class",
+        "refused",
+        "Retry-After p50 / p90 / max s",
+        "came back at it",
+        "admitted on return",
+        "later served",
+        "told cannot serve in time",
+        "refusal to served p50 / p90 s",
+        "hindsight p50 s",
+        "p50 / hindsight",
+    ]
+    rows = []
+    for name, a in results["arms"].items():
+        for cls, c in (a.get("returns") or {}).get("classes", {}).items():
+            if not c["refused"]:
+                continue
+            ra = c["retry_after_s"]
+            ts = c["refusal_to_served_s"]
+            rows.append(
+                [
+                    name,
+                    cls,
+                    str(c["refused"]),
+                    f"{_fmt(ra['p50'], nd=1)} / {_fmt(ra['p90'], nd=1)} / {_fmt(ra['max'], nd=1)}",
+                    str(c["came_back_at_retry_after"]),
+                    _fmt(c["admitted_share"], pct=True),
+                    _fmt(c["served_share"], pct=True),
+                    str(c["told_cannot_serve_in_time"]),
+                    f"{_fmt(ts['p50'], nd=1)} / {_fmt(ts['p90'], nd=1)}",
+                    _fmt(c["hindsight_s"]["p50"], nd=1),
+                    _fmt(c["vs_hindsight_p50"]),
+                ]
+            )
+    return head, rows
+
+
+def retry_after_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per arm: the issue-17 figures side by side with the burst must-show."""
+    head = [
+        "arm",
+        "admitted on return",
+        "P1 p50 / hindsight",
+        "P2 p50 / hindsight",
+        "busiest 100 ms / mean: recovery, after the burst",
+        "P1 / P2 later served",
+        "P0 TTFT SLO",
+        "preemptions",
+        "refusal order",
+        "goodput tok/s",
+    ]
+    rows = []
+    for name, a in results["arms"].items():
+        rt = a.get("returns")
+        if not rt or not any(c["refused"] for c in rt["classes"].values()):
+            continue
+        cl = rt["classes"]
+        rows.append(
+            [
+                name,
+                _fmt(rt["admitted_share"], pct=True),
+                _fmt(cl["P1"]["vs_hindsight_p50"]),
+                _fmt(cl["P2"]["vs_hindsight_p50"]),
+                f"{_fmt(rt['returns_peak_recovery'].get('ratio'))}, "
+                f"{_fmt(rt['returns_peak_after_burst'].get('ratio'))}",
+                f"{_fmt(cl['P1']['served_share'], pct=True)} / "
+                f"{_fmt(cl['P2']['served_share'], pct=True)}",
+                _fmt(a["classes"]["P0"].get("ttft_slo_attainment"), pct=True),
+                str(a["backend_preemptions"]),
+                a.get("refusal_order", "-"),
+                f"{a['goodput_tokens_per_s']:.0f}",
+            ]
+        )
     return head, rows
 
 
@@ -300,6 +382,78 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
     ax.legend(loc="upper left", fontsize=8)
     mark_phases(ax)
     save(fig, "kv_usage.png")
+
+    # refused clients coming back, per arm: returns (at a Retry-After) and refusals per bin
+    with_ret = {
+        k: v
+        for k, v in arms.items()
+        if (v.get("returns") or {}).get("series", {}).get("returns")
+        and any(v["returns"]["classes"][c]["refused"] for c in v["returns"]["classes"])
+    }
+    if with_ret:
+        fig, axes = grid(
+            len(with_ret),
+            "Refused clients coming back (returns/s, by class; grey: first refusals/s)",
+        )
+        for ax, (name, a) in zip(axes, with_ret.items(), strict=True):
+            ser = a["returns"]["series"]
+            width = ser["bin_s"]
+            bottom: list[float] | None = None
+            for cls in ("P1", "P2", "P0"):
+                col = ser["returns"].get(cls) or []
+                if not any(col):
+                    continue
+                xs = [i * width for i in range(len(col))]
+                ys = [n / width for n in col]
+                ax.bar(
+                    xs,
+                    ys,
+                    width=width,
+                    bottom=bottom,
+                    color=CLASS_COLOURS[cls],
+                    label=cls,
+                    align="edge",
+                    alpha=0.8,
+                )
+                bottom = ys if bottom is None else [b + y for b, y in zip(bottom, ys, strict=True)]
+            ref = [sum(v) for v in zip(*ser["refusals"].values(), strict=True)]
+            ax.plot(
+                [i * width for i in range(len(ref))], [n / width for n in ref], color="0.4", lw=0.8
+            )
+            rec = a["returns"].get("recovery_s") or []
+            if rec and rec[0] is not None:
+                ax.axvspan(rec[0], rec[1] or ax.get_xlim()[1], color="0.9", zorder=0)
+            ax.set_ylabel(name)
+            mark_phases(ax)
+        axes[0].legend(loc="upper right", fontsize=8)
+        axes[-1].set_xlabel("time (s); shaded: the recovery the busiest 100 ms is measured in")
+        save(fig, "returns.png")
+
+        # time from the first refusal to being served, against the hindsight earliest
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), squeeze=False)
+        fig.suptitle("First refusal to served (solid) and hindsight earliest (dashed), CDF")
+        for ax, cls in zip(axes[0], ("P1", "P2"), strict=True):
+            for name, a in with_ret.items():
+                smp = a["returns"]["samples"].get(cls) or {}
+                colour = ARM_COLOURS.get(name)
+                for key, ls in (("refusal_to_served_s", "-"), ("hindsight_s", "--")):
+                    v = smp.get(key) or []
+                    if v:
+                        ax.plot(
+                            v,
+                            [(i + 1) / len(v) for i in range(len(v))],
+                            ls=ls,
+                            lw=1.1,
+                            color=colour,
+                            label=name if ls == "-" else None,
+                        )
+            ax.set_title(cls)
+            ax.set_xlabel("seconds after the first refusal")
+            ax.set_ylim(0, 1.02)
+        axes[0][0].set_ylabel("share of the refused later served")
+        if axes[0][0].get_legend_handles_labels()[0]:
+            axes[0][0].legend(loc="lower right", fontsize=8)
+        save(fig, "refusal_to_served.png")
 
     # rejections by cause
     with_rej = {k: v for k, v in arms.items() if v["series"].get("rejected_cumulative")}
@@ -483,6 +637,23 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
         ]
     head, rows = class_rows(results)
     lines += ["## Per class", "", _md_table(head, rows), ""]
+    head, rows = retry_after_rows(results)
+    if rows:
+        lines += [
+            "## Retry-After: refused clients and their returns",
+            "",
+            "Admitted on return: of the attempts that came back at the Retry-After they "
+            "were given, the share sent to a backend. p50 / hindsight: the median time "
+            "from a request's first refusal to being served, over the median of the "
+            "earliest it could have been served in hindsight. Busiest 100 ms: the most "
+            "returns in any 100 ms of the recovery, over the mean per 100 ms of the "
+            'seconds in which clients came back (docs/bench.md, "Refusals and returns").',
+            "",
+            _md_table(head, rows),
+            "",
+        ]
+        head, rows = returns_rows(results)
+        lines += ["Per class:", "", _md_table(head, rows), ""]
     head, rows = route_rows(results)
     if rows:
         lines += ["## Per route and class", "", _md_table(head, rows), ""]

@@ -226,16 +226,21 @@ def retry_delay(
     retry_after_s: float | None,
     seed: int,
     retry: Retry | None = None,
+    window_s: float = 0.0,
 ) -> float | None:
     """How long the client waits before attempt `attempt + 1` after attempt `attempt`
     (0-based) was refused with the given Retry-After (None: no advice); None when the
     client will not wait that long (a Retry-After above `maxRetryAfter`). `retry`
-    replaces the request's own retry behaviour (a peer arm's clients)."""
+    replaces the request's own retry behaviour (a peer arm's clients). A client that
+    jitters (spread > 0) and was given a return window (X-Sluice-Retry-Window-Ms) comes
+    back uniformly within it after the Retry-After, as the SDK does."""
     r = req.retry if retry is None else retry
     u = unit_hash(seed, req.index, attempt + 1)
     if r.follow_retry_after and retry_after_s is not None and retry_after_s > 0:
         if r.max_retry_after is not None and retry_after_s > r.max_retry_after:
             return None
+        if window_s > 0 and r.spread > 0:
+            return retry_after_s + window_s * u
         return retry_after_s * (1.0 + r.spread * u)
     delay = r.backoff * (2.0**attempt)
     if r.backoff_max is not None:

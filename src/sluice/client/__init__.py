@@ -15,6 +15,7 @@ from sluice.client.deadline import DEADLINE_HEADERS, request_time_budget
 from sluice.client.policy import DEFAULT_RETRY_STATUSES, RETRY_AFTER_STATUSES, RetryPolicy
 from sluice.client.retry_after import parse_retry_after
 from sluice.client.transport import (
+    BOOKING_HEADER,
     RETRY_HEADER,
     AsyncRetryTransport,
     RetryStats,
@@ -22,6 +23,7 @@ from sluice.client.transport import (
 )
 
 __all__ = [
+    "BOOKING_HEADER",
     "DEADLINE_HEADERS",
     "DEFAULT_RETRY_STATUSES",
     "RETRY_AFTER_STATUSES",

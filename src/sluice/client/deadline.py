@@ -26,6 +26,16 @@ def request_time_budget(request: httpx.Request) -> float | None:
         read = timeouts.get("read")
         if isinstance(read, int | float) and math.isfinite(read) and read > 0:
             candidates.append(float(read))
+    stated = stated_budget(request)
+    if stated is not None:
+        candidates.append(stated)
+    return min(candidates) if candidates else None
+
+
+def stated_budget(request: httpx.Request) -> float | None:
+    """The smallest of the deadline headers the caller set (the whole call's budget, which
+    the retries state again as what is left of it), or None."""
+    candidates: list[float] = []
     for name in DEADLINE_HEADERS:
         value = request.headers.get(name)
         if value is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from sluice.client.retry_after import parse_retry_after
+from sluice.client.retry_after import parse_retry_after, parse_window
 
 # Statuses where the server told us nothing was processed and when to come back.
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -29,7 +29,10 @@ class RetryPolicy:
     backoff_base, backoff_cap: full-jitter back-off for answers without advice; retry n
         (0-based) sleeps uniform(0, min(cap, base * 2**n)).
     retry_after_spread: a server delay `ra` becomes uniform(ra, ra * (1 + spread)), so that
-        clients told the same value do not come back in the same instant.
+        clients told the same value do not come back in the same instant. A server that
+        gives each refusal its own return slot and says over what window to spread the
+        return (Sluice's `X-Sluice-Retry-Window-Ms`) gets uniform(ra, ra + window) instead:
+        it has spread its clients already, and a longer wait would miss the slot.
     max_retry_after: a server asking for a longer wait than this gets its answer passed to
         the caller instead of a silent long sleep.
     retry_statuses: statuses retried at all; 429 and 503 honour Retry-After.
@@ -57,8 +60,13 @@ class RetryPolicy:
         ceiling = min(self.backoff_cap, self.backoff_base * 2.0 ** min(retry_index, 64))
         return rng.random() * ceiling
 
-    def retry_after_delay(self, retry_after: float, rng: random.Random) -> float:
-        """The server's delay, stretched by a random share of `retry_after_spread`."""
+    def retry_after_delay(
+        self, retry_after: float, rng: random.Random, window: float | None = None
+    ) -> float:
+        """The server's delay, stretched by a random share of `retry_after_spread`, or
+        by a random share of the server's own return window when it gave one."""
+        if window is not None:
+            return retry_after + window * rng.random()
         return retry_after * (1.0 + self.retry_after_spread * rng.random())
 
     def delay_for_status(
@@ -70,8 +78,12 @@ class RetryPolicy:
         *,
         wall_now: float,
     ) -> float | None:
-        """Seconds to wait before retrying an answer with `status`, or None: do not retry."""
+        """Seconds to wait before retrying an answer with `status`, or None: do not retry
+        (also when the server says so: `x-should-retry: false`, as Sluice does when no
+        retry could be served before the request's deadline)."""
         if status not in self.retry_statuses:
+            return None
+        if headers.get("x-should-retry", "").strip().lower() == "false":
             return None
         if status in RETRY_AFTER_STATUSES:
             advised = parse_retry_after(headers, wall_now=wall_now)
@@ -79,7 +91,7 @@ class RetryPolicy:
             if advised is not None and advised > 0:
                 if advised > self.max_retry_after:
                     return None
-                return self.retry_after_delay(advised, rng)
+                return self.retry_after_delay(advised, rng, parse_window(headers))
         return self.backoff_delay(retry_index, rng)
 
     def delay_for_error(

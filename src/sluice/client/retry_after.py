@@ -52,3 +52,17 @@ def parse_retry_after(headers: Mapping[str, str], *, wall_now: float) -> float |
     if seconds is not None:
         return seconds
     return _http_date_delay(value, wall_now)
+
+
+# Sluice's 429 says over what window after the Retry-After its client should come back
+# (the spacing of the return slots it hands out), in milliseconds.
+WINDOW_HEADER = "x-sluice-retry-window-ms"
+
+
+def parse_window(headers: Mapping[str, str]) -> float | None:
+    """The server's return window in seconds, or None when it gave none (or garbage)."""
+    value = headers.get(WINDOW_HEADER)
+    if value is None:
+        return None
+    parsed = parse_non_negative_seconds(value)
+    return None if parsed is None else parsed / 1000.0

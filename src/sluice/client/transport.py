@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 import httpx
 
 from sluice.client.budget import RetryBudget
-from sluice.client.deadline import request_time_budget
+from sluice.client.deadline import DEADLINE_HEADERS, request_time_budget, stated_budget
 from sluice.client.policy import RetryPolicy
 
 log = logging.getLogger("sluice.client")
 
 RETRY_HEADER = "X-Sluice-Retry"
+# The return slot a Sluice 429 booked: sent back as it came, so that the gateway lets the
+# retry in ahead of fresh arrivals of its class.
+BOOKING_HEADER = "X-Sluice-Booking"
 
 # Discarded answers up to this size are read to the end so their connection goes back to
 # the pool; bigger (or unsized) ones are closed, which drops the connection.
@@ -53,6 +56,8 @@ class _Call:
     replayable: bool
     deadline: float | None  # on the transport's clock
     retries: int = 0
+    booking: str | None = None  # from the last refusal
+    stated_deadline: float | None = None  # from the caller's deadline headers alone
 
 
 class _RetryEngine:
@@ -82,9 +87,16 @@ class _RetryEngine:
         # Decided before the first send: a transport may read a one-shot stream into memory
         # (httpx.MockTransport does), which would make it look replayable afterwards.
         replayable = isinstance(request.stream, httpx.ByteStream)
-        return _Call(request=request, replayable=replayable, deadline=deadline)
+        stated = stated_budget(request)
+        return _Call(
+            request=request,
+            replayable=replayable,
+            deadline=deadline,
+            stated_deadline=None if stated is None else self.clock() + stated,
+        )
 
     def after_response(self, call: _Call, response: httpx.Response) -> float | None:
+        call.booking = response.headers.get(BOOKING_HEADER)
         delay = self.policy.delay_for_status(
             response.status_code,
             response.headers,
@@ -95,6 +107,7 @@ class _RetryEngine:
         return self._admit(call, delay, f"status {response.status_code}")
 
     def after_error(self, call: _Call, error: Exception) -> float | None:
+        call.booking = None
         delay = self.policy.delay_for_error(error, call.retries, self.rng)
         return self._admit(call, delay, type(error).__name__)
 
@@ -128,10 +141,22 @@ class _RetryEngine:
         return delay
 
     def next_request(self, call: _Call) -> httpx.Request:
-        """The original request again (same replayable body), marked with the retry number."""
+        """The original request again (same replayable body), marked with the retry
+        number, carrying the booking the refusal gave it, and, when the caller stated its
+        deadline in a header (X-Request-Timeout, X-Stainless-Timeout), what is left of it:
+        the gateway keeps its Retry-After and its queue wait within it."""
         original = call.request
         headers = original.headers.copy()
         headers[RETRY_HEADER] = str(call.retries)
+        if call.booking is not None:
+            headers[BOOKING_HEADER] = call.booking
+        elif BOOKING_HEADER in headers:
+            del headers[BOOKING_HEADER]
+        if call.stated_deadline is not None:
+            left = max(0.001, call.stated_deadline - self.clock())
+            for name in DEADLINE_HEADERS:
+                if name in headers:
+                    headers[name] = f"{left:.3f}"
         return httpx.Request(
             original.method,
             original.url,

@@ -9,12 +9,16 @@ Structure (every operation O(1) amortised, except DRR turns over tenants):
     estimated cost fits in its credit; an emptied tenant loses its credit. The quantum is
     the largest cost seen so far, so a weight-1 tenant is served at least once per turn;
   * a heap of client deadlines (lazy deletion) for requests that carry one;
-  * per model, its requests in arrival order: when the class's next request waits for
-    its model's backends, the oldest request of another model, whose backends have room,
-    may go first (the dispatcher's `_another_model`), rather than wait behind it.
-  * `parked`: requests taken out of the round robin (a large request that has held the
-    others back as long as it may, see the dispatcher): still queued, in `by_arrival`,
-    tried before the round robin's next request but never holding it back.
+  * a returns lane: requests that came back in the return slot a refusal booked for them
+    (`return_slots`), served before the tenants' queues in the order they came back (the
+    promise of the slot: ahead of fresh arrivals of the class);
+  * per model, its requests in arrival order (the returns lane's too): when the class's
+    next request waits for its model's backends, the oldest request of another model,
+    whose backends have room, may go first (the dispatcher's `_another_model`), rather
+    than wait behind it.
+  * `parked`: requests taken out of the round robin or the returns lane (a large request
+    that has held the others back as long as it may, see the dispatcher): still queued,
+    in `by_arrival`, tried before the round robin's next request but never holding it back.
 
 The drop rules themselves are in `drop_policy`; this class finds what is due given the
 slack the policy asks for.
@@ -49,6 +53,7 @@ class ClassQueue:
         self._active: deque[TenantQueue] = deque()
         self._deadlines: list[tuple[float, int, str]] = []
         self._quantum = 1.0
+        self.returns: OrderedDict[str, RequestRecord] = OrderedDict()
         self.by_model: dict[str, OrderedDict[str, RequestRecord]] = {}
         self.parked: OrderedDict[str, RequestRecord] = OrderedDict()
 
@@ -79,32 +84,38 @@ class ClassQueue:
 
     # -- add / remove ------------------------------------------------------------------
 
-    def push(self, rec: RequestRecord) -> None:
+    def push(self, rec: RequestRecord, *, returning: bool = False) -> None:
         self.by_arrival[rec.request_id] = rec
+        if rec.deadline is not None:
+            heapq.heappush(self._deadlines, (rec.deadline, rec.seq, rec.request_id))
+        if rec.cost > self._quantum:
+            self._quantum = float(rec.cost)
+        of_model = self.by_model.get(rec.model)
+        if of_model is None:
+            of_model = self.by_model[rec.model] = OrderedDict()
+        of_model[rec.request_id] = rec
+        if returning:
+            self.returns[rec.request_id] = rec
+            return
         t = self._tenants.get(rec.tenant)
         if t is None:
             t = self._tenants[rec.tenant] = TenantQueue(rec.tenant, rec.weight)
         else:
             t.weight = rec.weight
         t.items[rec.request_id] = rec
-        of_model = self.by_model.get(rec.model)
-        if of_model is None:
-            of_model = self.by_model[rec.model] = OrderedDict()
-        of_model[rec.request_id] = rec
         if not t.active:
             t.active = True
             t.turn = False
             self._active.append(t)
-        if rec.cost > self._quantum:
-            self._quantum = float(rec.cost)
-        if rec.deadline is not None:
-            heapq.heappush(self._deadlines, (rec.deadline, rec.seq, rec.request_id))
 
     def remove(self, request_id: str) -> RequestRecord | None:
         """Take a request out wherever it is (client gone, dropped). O(1)."""
         rec = self.by_arrival.pop(request_id, None)
         if rec is not None:
-            if not (self.parked and self.parked.pop(request_id, None) is not None):
+            elsewhere = (self.parked and self.parked.pop(request_id, None) is not None) or (
+                self.returns and self.returns.pop(request_id, None) is not None
+            )
+            if not elsewhere:
                 t = self._tenants[rec.tenant]
                 del t.items[request_id]
                 if not t.items:
@@ -118,17 +129,21 @@ class ClassQueue:
         return rec
 
     def park(self, rec: RequestRecord) -> None:
-        """Take a queued request out of the round robin; it stays queued (`parked`)."""
-        t = self._tenants[rec.tenant]
-        del t.items[rec.request_id]
-        if not t.items:
-            t.deficit = 0.0
+        """Take a queued request out of the round robin (or the returns lane); it stays
+        queued (`parked`)."""
+        if self.returns.pop(rec.request_id, None) is None:
+            t = self._tenants[rec.tenant]
+            del t.items[rec.request_id]
+            if not t.items:
+                t.deficit = 0.0
         self.parked[rec.request_id] = rec
 
     # -- deficit round robin -----------------------------------------------------------
 
     def peek(self) -> RequestRecord | None:
-        """The request DRR serves next (stable until the queue changes)."""
+        """The request DRR serves next (stable until the queue changes); returns first."""
+        if self.returns:
+            return next(iter(self.returns.values()))
         active = self._active
         while active:
             t = active[0]
@@ -152,6 +167,8 @@ class ClassQueue:
         rec = self.peek()
         if rec is None:
             return None
+        if self.returns:
+            return self.remove(rec.request_id)
         t = self._active[0]
         t.deficit -= rec.cost
         self.remove(rec.request_id)
@@ -165,7 +182,7 @@ class ClassQueue:
         """Take `rec` out of its turn (another model's request that may go first): its
         tenant is charged its cost as if DRR had served it, so it waits the longer for its
         next turn."""
-        if rec.request_id not in self.parked:
+        if rec.request_id not in self.parked and rec.request_id not in self.returns:
             self._tenants[rec.tenant].deficit -= rec.cost
         self.remove(rec.request_id)
 

@@ -41,6 +41,7 @@ from sluice.core.pressure import PressureInputs, backend_congestion, compute_pre
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
 from sluice.core.retry_after import DrainEstimator, refusal_excess
+from sluice.core.return_slots import Offer, ReturnLedger
 from sluice.core.token_cost import TokenCostModel
 from sluice.core.types import (
     SIGNALS,
@@ -58,6 +59,9 @@ PRIORITIES = (0, 1, 2)
 _INFLIGHT = RequestState.INFLIGHT
 _DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
 _QUEUED = Admission.ok()  # shared: an answer is never changed
+# A burst above is forecast to last at least this much longer (Lindy: as long again as it
+# has lasted, but a burst just seen is not over at once).
+MIN_BURST_S = 2.0
 
 LimiterFactory = Callable[[str, LimiterPolicy, int | None], Limiter]
 
@@ -114,6 +118,44 @@ class ClassCounters:
         }
 
 
+class ReturnCounters:
+    """Per class, what the return slots did (booking rule): refusals that got a slot,
+    that were told no slot comes before their deadline, and requests that came back in
+    their slot (`returned`) and were let into the queue (`returned_admitted`); for the
+    returns of this gateway's own bookings that were dispatched (`waited`), the time from
+    their refusal to their dispatch in all (`waited_s`)."""
+
+    __slots__ = ("booked", "returned", "returned_admitted", "unservable", "waited", "waited_s")
+
+    def __init__(self) -> None:
+        self.booked = 0
+        self.unservable = 0
+        self.returned = 0
+        self.returned_admitted = 0
+        self.waited = 0
+        self.waited_s = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class Forecast(NamedTuple):
+    """A class's room, in requests per second it can start, tau s ahead:
+    rate - excess * exp(-tau / decay_s); `capacity`: what the gateway starts in all."""
+
+    rate: float
+    excess: float
+    decay_s: float
+    capacity: float
+
+
+class Refusal(NamedTuple):
+    code: RejectCode
+    retry_after_s: float
+    booking: str | None = None
+    window_s: float = 0.0
+
+
 def class_thresholds(policy: Policy) -> list[PressurePolicy]:
     """Per class, the pressure thresholds it is judged by. A class never sheds at a
     pressure below the one at which a lower class is fast-rejected: P2 is refused before
@@ -126,6 +168,10 @@ def class_thresholds(policy: Policy) -> list[PressurePolicy]:
             shed = max(shed, policy.pressure.fast_reject_above)
         out.append(policy.pressure.model_copy(update={"shed_above": shed}))
     return out
+
+
+def _give_up_at(info: RequestInfo) -> float | None:
+    return info.client_deadline if info.give_up_at is None else info.give_up_at
 
 
 def _bump(d: dict[str, int], key: str) -> None:
@@ -151,6 +197,9 @@ class Controller:
         cost_model: TokenCostModel | None = None,
         seed: int | str = 0,
         dispatch_on_arrival: bool = True,
+        return_lead: float = 0.5,
+        return_lead_max_s: float = 5.0,
+        return_slots: Mapping[str, Any] | None = None,
     ) -> None:
         """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
         `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
@@ -174,6 +223,18 @@ class Controller:
         self._drain = DrainEstimator(
             len(PRIORITIES), tau_s=rate_tau_s, max_s=policy.pressure.max_retry_after
         )
+        self._ledger = ReturnLedger(
+            len(PRIORITIES),
+            **{
+                "horizon_s": policy.pressure.max_retry_after,
+                "id_prefix": f"{seed}-",
+                **(return_slots or {}),
+            },
+        )
+        self._returns = [ReturnCounters() for _ in PRIORITIES]
+        self._return_lead = return_lead
+        self._return_lead_max = return_lead_max_s
+        self._service = Ewma(0.05)  # time a request holds its slot (dispatch to finish)
         self._cost = cost_model or TokenCostModel()
         self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
         self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
@@ -309,8 +370,16 @@ class Controller:
             raise ValueError("a tenant weight must be positive")
         counters = self._counters[prio]
         counters.arrived += 1
-        self._drain.record_arrival(prio, now)
         q = self._queues[prio]
+        claim = None
+        if req.booking is not None and self._policy.retry_after.rule == "booking":
+            claim = self._ledger.claim(
+                req.booking, tenant=req.tenant, priority=prio, now=now, slot=req.booked_slot
+            )
+            if claim is not None:
+                self._returns[prio].returned += 1
+        returning = claim is not None
+        self._drain.record_arrival(prio, now, returning)
         if not self._dispatcher.serves(req.model):
             return self._refuse(counters, RejectCode.NO_BACKEND, self._no_backend_retry_s)
 
@@ -331,6 +400,10 @@ class Controller:
         code: RejectCode | None
         if patience <= 0:
             code = RejectCode.QUEUE_TIMEOUT
+        elif returning:
+            # back in its slot: ahead of fresh arrivals, past the pressure rules and the
+            # queue's size (the returns waiting at once are bounded by the room booked)
+            code = None
         else:
             pressure = 0.0 if policy.drop_policy is DropPolicy.TAIL else self.pressure()
             predicted = 0.0
@@ -350,7 +423,8 @@ class Controller:
             )
         if code is not None:
             self._quotas.refund(req.tenant, charge, now)
-            return self._refuse(counters, code, self._retry_after(prio, now, code, patience))
+            refusal = self._refusal(prio, now, code, patience, req.tenant, _give_up_at(req))
+            return self._refuse(counters, refusal.code, refusal.retry_after_s, refusal)
 
         self._seq += 1
         rec = RequestRecord(
@@ -364,6 +438,10 @@ class Controller:
         rec.quota_tokens = charge
         self._records[rid] = rec
         counters.admitted += 1
+        if claim is not None:
+            rec.returning = True
+            rec.refused_at = claim.made
+            self._returns[prio].returned_admitted += 1
         cost.note_admitted(req.model, footprint)
         q0, q1, q2 = self._queues
         if (
@@ -382,7 +460,7 @@ class Controller:
                 # its first-token alarm is armed when it is reported, as step() would
                 self._ready.append((rec, self._started(rec, b, now, arm=False)))
                 return _QUEUED
-        q.push(rec)
+        q.push(rec, returning=returning)
         return _QUEUED
 
     def _estimate(self, req: RequestInfo) -> tuple[float, float, int]:
@@ -402,9 +480,126 @@ class Controller:
         token quota (a shared quota store is charged the same, before `arrive`)."""
         return self._estimate(req)[2]
 
-    def _refuse(self, counters: ClassCounters, code: RejectCode, retry_s: float) -> Admission:
+    def _refuse(
+        self,
+        counters: ClassCounters,
+        code: RejectCode,
+        retry_s: float,
+        refusal: Refusal | None = None,
+    ) -> Admission:
         _bump(counters.rejected, code.value)
-        return Admission(queued=False, code=code, retry_after_s=retry_s)
+        if refusal is None or refusal.booking is None:
+            return Admission(queued=False, code=code, retry_after_s=retry_s)
+        return Admission(
+            queued=False,
+            code=code,
+            retry_after_s=retry_s,
+            booking=refusal.booking,
+            retry_window_s=refusal.window_s,
+        )
+
+    def _refusal(
+        self,
+        prio: int,
+        now: float,
+        code: RejectCode,
+        patience: float | None,
+        tenant: str,
+        give_up_at: float | None,
+    ) -> Refusal:
+        """What a refusal of this cause says: the policy's Retry-After rule
+        (`retryAfter.rule`); with `booking`, the return slot booked for it, or
+        `cannot_serve_in_time` when the earliest room is past the client's deadline."""
+        rule = self._policy.retry_after.rule
+        if rule == "fixed":
+            return Refusal(code, self._policy.retry_after.fixed_seconds)
+        if rule == "drain":
+            return Refusal(code, self._retry_after(prio, now, code, patience))
+        ledger = self._ledger
+        not_after = None if give_up_at is None else give_up_at - self._ttft.get(0.0)
+        offer = self._offer(prio, now, tenant, not_after)
+        returns = self._returns[prio]
+        if offer.booking is not None:
+            returns.booked += 1
+            ra = max(self._drain.min_s, offer.booking.due - now)
+            return Refusal(code, ra, offer.booking.id, offer.booking.window)
+        horizon = ledger.horizon_s
+        if offer.slot is not None or (not_after is not None and not_after < now + horizon):
+            returns.unservable += 1
+            room = horizon if offer.slot is None else offer.slot - now
+            return Refusal(RejectCode.CANNOT_SERVE_IN_TIME, room)
+        # no room forecast within the horizon: the longest answer, no promise
+        return Refusal(code, horizon)
+
+    def _offer(
+        self, prio: int, now: float, tenant: str, not_after: float | None, book: bool = True
+    ) -> Offer:
+        """The ledger's return slot for a refusal of this class now (a quote: book=False)."""
+        f = self._room_forecast(now, prio)
+        return self._ledger.offer(
+            prio,
+            now,
+            rate=f.rate,
+            excess=f.excess,
+            decay_s=f.decay_s,
+            capacity=f.capacity,
+            ahead=float(sum(len(self._queues[p]) for p in range(prio + 1))),
+            tenant=tenant,
+            not_after=not_after,
+            lead_s=self._lead(prio, self._ttft.get(0.0)),
+            book=book,
+        )
+
+    def _lead(self, prio: int, ttft: float) -> float:
+        """How much earlier than its forecast room a refused client is told to come back:
+        half the wait its queue allows (the class timeout less the early-drop slack). If
+        the forecast holds it waits that long in the queue, ahead of fresh arrivals; if
+        room comes sooner than forecast (a burst above ends), it is served that much
+        sooner; later, the queue absorbs up to the other half."""
+        q = self._queues[prio].policy
+        lead = self._return_lead * max(0.0, q.timeout - head_slack(q, ttft))
+        return min(self._return_lead_max, lead)
+
+    def _room_forecast(self, now: float, prio: int) -> Forecast:
+        """The room forecast for class `prio` (requests per second it can start, tau s
+        ahead: rate - excess * exp(-tau / decay)), from what is dispatched now: all of
+        it (plus what free slots would turn over) less the fresh (not returning) demand of
+        the classes above at its long-run level (`rate`), less what they take above that
+        level now (`excess`): a burst above, expected to last as long again as it has
+        lasted so far (`decay`, Lindy). The booked returns of the classes above are the
+        ledger's to subtract, bin by bin (return_slots.py)."""
+        d = self._drain
+        total = 0.0
+        for p in PRIORITIES:
+            total += d.rate(p, now)
+        # free slots turn over once per time a request holds one (1 s until one has
+        # finished: an idle gateway has room now, not in a minute; at least 10 ms)
+        total += self._free_slots(prio) / max(0.01, self._service.get(1.0))
+        rate = total
+        excess = 0.0
+        age = 0.0
+        for p in range(prio):
+            # the demand above: fresh arrivals (admitted now, or refused and booked:
+            # they take room before this class either way), against its usual level
+            fresh = d.fresh_arrival_rate(p, now)
+            usual = d.usual_arrival_rate(p, now)
+            if usual is None:
+                usual = fresh
+            burst = d.burst_age(p, now)
+            if burst is not None:
+                age = max(age, burst)
+            rate -= min(fresh, usual)
+            excess += max(0.0, fresh - usual)
+        return Forecast(max(0.0, rate), excess, max(MIN_BURST_S, age), total)
+
+    def _free_slots(self, prio: int) -> int:
+        free = 0
+        for b in self._dispatcher.backends.values():
+            if b.healthy:
+                cap = b.limit if prio == 0 else b.cap_low
+                if cap > b.inflight:
+                    free += cap - b.inflight
+        return free
 
     def _queued_above(self, prio: int) -> int:
         return sum(len(self._queues[p]) for p in range(prio))
@@ -511,7 +706,11 @@ class Controller:
         rec.inflight_at_send = b.inflight
         prio = rec.priority
         self._counters[prio].dispatched += 1
-        self._drain.record_dispatch(prio, now)
+        self._drain.record_dispatch(prio, now, rec.returning)
+        if rec.refused_at is not None:
+            returns = self._returns[prio]
+            returns.waited_s += now - rec.refused_at
+            returns.waited += 1
         if arm and rec.info.first_token_visible:
             self._arm(rec, b, now)
         return Assignment(rec.request_id, b.name, now - rec.enqueued_at)
@@ -566,12 +765,15 @@ class Controller:
         rec.state = RequestState.GONE
         _bump(self._counters[rec.priority].dropped, code.value)
         self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+        refusal = self._refusal(rec.priority, now, code, None, rec.tenant, _give_up_at(rec.info))
         self._pending.append(
             Rejection(
                 rec.request_id,
-                code,
-                self._retry_after(rec.priority, now, code),
+                refusal.code,
+                refusal.retry_after_s,
                 now - rec.enqueued_at,
+                refusal.booking,
+                refusal.window_s,
             )
         )
 
@@ -669,6 +871,7 @@ class Controller:
         b = rec.backend
         assert b is not None and rec.dispatched_at is not None
         self._dispatcher.release(rec, now, refresh=False)  # refreshed once, below
+        self._service.update(now - rec.dispatched_at)
         finished = self._counters[rec.priority].finished
         key = str(outcome)  # its value (StrEnum), without enum's Python-level property
         finished[key] = finished.get(key, 0) + 1
@@ -770,7 +973,8 @@ class Controller:
                 "head_sojourn_s": q.head_sojourn(now),
                 "dispatch_rate": self._drain.rate(prio, now),
                 "arrival_rate": self._drain.arrival_rate(prio, now),
-                "retry_after_s": self._retry_after(prio, now, None),
+                "retry_after_s": self._quote(prio, now),
+                "returns": self._returns_snapshot(prio, now),
                 "tenants_queued": q.tenant_depths(),
                 **c.as_dict(),
             }
@@ -802,6 +1006,27 @@ class Controller:
             "backends": backends,
         }
 
+    def _quote(self, prio: int, now: float) -> float:
+        """The Retry-After a refusal of this class would be given now (nothing booked)."""
+        rule = self._policy.retry_after.rule
+        if rule != "booking":
+            return self._refusal(prio, now, RejectCode.QUEUE_FULL, None, "", None).retry_after_s
+        offer = self._offer(prio, now, "", None, book=False)
+        if offer.due is None:
+            return self._ledger.horizon_s
+        return max(self._drain.min_s, offer.due - now)
+
+    def _returns_snapshot(self, prio: int, now: float) -> dict[str, Any]:
+        ledger = self._ledger
+        return {
+            **self._returns[prio].as_dict(),
+            "outstanding": ledger.outstanding(prio),
+            "expired": ledger.expired[prio],
+            "show_rate": round(ledger.show_rate(prio), 4),
+            "booked_ahead_s": round(ledger.booked_until(prio, now), 3),
+            "room_rate": round(self._room_forecast(now, prio).rate, 3),
+        }
+
     # -- hot reload --------------------------------------------------------------------
 
     def apply_policy(self, policy: Policy) -> None:
@@ -816,6 +1041,7 @@ class Controller:
         self._slack_cache = None
         self._thresholds = class_thresholds(policy)
         self._drain.max_s = policy.pressure.max_retry_after
+        self._ledger.horizon_s = policy.pressure.max_retry_after
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
         d.hold_for_large_s = policy.dispatcher.hold_for_large

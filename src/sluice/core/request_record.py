@@ -38,7 +38,9 @@ class RequestRecord:
         "priority",
         "prompt_est",
         "quota_tokens",
+        "refused_at",
         "request_id",
+        "returning",
         "seq",
         "state",
         "tenant",
@@ -78,5 +80,7 @@ class RequestRecord:
         # prompt tokens of the requests on its backend still waiting for their first token
         # when this one was sent: the prefill work ahead of it
         self.prefill_ahead = 0.0
+        self.returning = False  # it came back in its booked return slot
+        self.refused_at: float | None = None  # ... booked by this refusal (its time)
         # when, at the head of its class, it first waited for a backend to empty for it
         self.held_since: float | None = None

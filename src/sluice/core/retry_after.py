@@ -1,4 +1,6 @@
-"""Retry-After: when a refused client that comes back will find room.
+"""The class rates the controller measures, and the `drain` Retry-After rule (the rule
+before return slots: `retryAfter.rule: drain`; the default `booking` rule is in
+return_slots.py, and reads its rates from here too).
 
 Rates are time-decayed EWMAs (`DecayingRate`, time constant tau_s), per class: mu_c,
 requests dispatched per second, and lambda_c, attempts arriving per second (admitted or
@@ -27,6 +29,10 @@ later arrivals of its class do not overtake it, so it is position / mu_c, or, fo
 not being served, (queued above + position) / sum of all mu; inf when nothing moves. It
 is used only once the estimator is warm (dispatches observed for at least tau_s), so a
 cold gateway does not shed on rates it has not measured.
+
+For return slots the estimator also keeps, per class, the dispatches of returns (requests
+that came back in their booked slot), the fresh (not returning) arrivals, and their usual
+level (`usual_arrival_rate`).
 
 The shell sends `Retry-After: clamp(ceil(t), 1, 60)` and `retry-after-ms: round(t*1000)`
 (`header_values`). Tenant quotas compute their own value from the quota window.
@@ -83,22 +89,76 @@ class DrainEstimator:
         min_rate: float = 1.0 / 60.0,
         min_s: float = 0.1,
         max_s: float = 60.0,
+        slow_tau_s: float = 30.0,
     ) -> None:
         self._rates = [DecayingRate(tau_s) for _ in range(priorities)]
         self._arrivals = [DecayingRate(tau_s) for _ in range(priorities)]
+        # for return slots (return_slots.py): dispatches of returns, fresh (not returning)
+        # arrivals, and their usual level
+        self._returns = [DecayingRate(tau_s) for _ in range(priorities)]
+        self._fresh = [DecayingRate(tau_s) for _ in range(priorities)]
+        self._usual: list[float | None] = [None] * priorities
+        self._usual_at = [-math.inf] * priorities
+        self._first_arrival_at: float | None = None
+        self._burst_since: list[float | None] = [None] * priorities
         self.tau_s = tau_s
+        self.slow_tau_s = slow_tau_s
         self.min_rate = min_rate
         self.min_s = min_s
         self.max_s = max_s
         self._first_at: float | None = None
 
-    def record_dispatch(self, priority: int, now: float) -> None:
+    def record_dispatch(self, priority: int, now: float, returning: bool = False) -> None:
         if self._first_at is None:
             self._first_at = now
         self._rates[priority].record(now)
+        if returning:
+            self._returns[priority].record(now)
 
-    def record_arrival(self, priority: int, now: float) -> None:
+    def record_arrival(self, priority: int, now: float, returning: bool = False) -> None:
         self._arrivals[priority].record(now)
+        if not returning:
+            self._fresh[priority].record(now)
+            self._update_usual(priority, now)
+
+    def fresh_arrival_rate(self, priority: int, now: float) -> float:
+        """Attempts per second that were not returns in a booked slot."""
+        return self._fresh[priority].rate(now)
+
+    def usual_arrival_rate(self, priority: int, now: float) -> float | None:
+        """The class's usual fresh demand: a slow average of `fresh_arrival_rate` that
+        follows it with a time constant of `slow_tau_s` while it stays within 1.5 x its
+        level, and 10 x slower above (a burst does not become the usual); None until the
+        rates have been observed for `tau_s`."""
+        self._update_usual(priority, now)
+        return self._usual[priority]
+
+    def _update_usual(self, priority: int, now: float) -> None:
+        dt = now - self._usual_at[priority]
+        if dt < 0.5:
+            return
+        self._usual_at[priority] = now
+        fast = self._fresh[priority].rate(now)
+        usual = self._usual[priority]
+        if usual is None:
+            if self._first_arrival_at is None:
+                self._first_arrival_at = now
+            elif now - self._first_arrival_at >= self.tau_s:
+                self._usual[priority] = fast
+            return
+        burst = fast > 1.5 * usual
+        if burst and self._burst_since[priority] is None:
+            self._burst_since[priority] = now
+        elif fast < 1.2 * usual:
+            self._burst_since[priority] = None
+        tau = 10.0 * self.slow_tau_s if burst else self.slow_tau_s
+        self._usual[priority] = usual + (1.0 - math.exp(-dt / tau)) * (fast - usual)
+
+    def burst_age(self, priority: int, now: float) -> float | None:
+        """How long the class's fresh demand has been above 1.5 x its usual level (until it
+        falls below 1.2 x); None when it is not."""
+        since = self._burst_since[priority]
+        return None if since is None else now - since
 
     def warm(self, now: float) -> bool:
         """Dispatches have been observed for at least tau_s: the rates mean something."""
@@ -109,6 +169,10 @@ class DrainEstimator:
 
     def arrival_rate(self, priority: int, now: float) -> float:
         return self._arrivals[priority].rate(now)
+
+    def return_rate(self, priority: int, now: float) -> float:
+        """Dispatches of requests that came back in a booked slot, per second."""
+        return self._returns[priority].rate(now)
 
     def wait_estimate(self, priority: int, now: float, *, ahead: int, queued_above: int) -> float:
         """Predicted wait of an admitted newcomer with `ahead` requests before it in its

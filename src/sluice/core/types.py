@@ -17,6 +17,9 @@ class RejectCode(StrEnum):
     SHED_ON_PRESSURE = "shed_on_pressure"
     FAST_REJECT = "fast_reject"
     TENANT_QUOTA = "tenant_quota"
+    # Refused, and the earliest room forecast for it is past the client's own deadline:
+    # no Retry-After would help (answered 429 without one, `x-should-retry: false`).
+    CANNOT_SERVE_IN_TIME = "cannot_serve_in_time"
     # No healthy backend serves the model (answered 503, not 429).
     NO_BACKEND = "no_backend"
     # The prompt is larger than the KV cache of every backend serving the model: it can
@@ -42,6 +45,15 @@ class RequestInfo:
     client_deadline: float | None = None
     feature: str | None = None
     retry_attempt: int = 0  # from X-Sluice-Retry / x-stainless-retry-count
+    # A return: the booking a 429 gave this request (its id), and the slot it was given
+    # (core clock) when a signed token says so; None: look the booking up in this core's
+    # ledger (a slot from a token lets another replica's booking be recognised).
+    booking: str | None = None
+    booked_slot: float | None = None
+    # Absolute time (core clock) after which the client wants no answer at all
+    # (X-Request-Timeout, X-Stainless-Timeout): a Retry-After never points past it.
+    # None: client_deadline.
+    give_up_at: float | None = None
     # The shell sees the first token (a stream). A non-streamed answer arrives whole at the
     # end: no first-token time to measure, so no overdue-first-token alarm either (its
     # length would look like a TTFT that never came).
@@ -64,6 +76,10 @@ class Admission:
     code: RejectCode | None = None
     retry_after_s: float = 0.0  # when rejected: the estimated time until there is room
     assignment: Assignment | None = None
+    # When rejected with a booked return slot: its id (the client sends it back) and the
+    # window after the Retry-After over which the client should spread its return.
+    booking: str | None = None
+    retry_window_s: float = 0.0
 
     @staticmethod
     def ok() -> Admission:
@@ -87,6 +103,8 @@ class Rejection:
     code: RejectCode
     retry_after_s: float
     queued_s: float
+    booking: str | None = None  # as in Admission
+    retry_window_s: float = 0.0
 
 
 class Outcome(StrEnum):

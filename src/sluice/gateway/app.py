@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import secrets
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from sluice.gateway.model_catalog import model_cards, model_list
 from sluice.gateway.policy_watch import PolicyWatcher
 from sluice.gateway.relay import Relay
 from sluice.gateway.request_path import RequestPath
+from sluice.gateway.returns import BookingTokens, booking_secret
 from sluice.gateway.routes import PROXIED
 from sluice.gateway.shared_quota import SharedQuotaGate
 from sluice.gateway.stages.authenticate import unauthorized
@@ -78,7 +81,10 @@ class Gateway:
             policy,
             self.clock,
             quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
+            # booking ids unique to this process: another replica's token names its own
+            return_slots={"id_prefix": f"{os.getpid():x}{secrets.token_hex(3)}-"},
         )
+        self.tokens = BookingTokens(booking_secret(policy.retry_after.secret_env), self.clock.now)
         self.keyring = KeyRing(policy)
         REDACTOR.set_secrets(policy_secrets(policy))
         self.telemetry.watch_state(self.state)
@@ -99,6 +105,7 @@ class Gateway:
             self.telemetry,
             self.clock,
             self.quota_gate,
+            self.tokens,
         )
         self._draining = False
 

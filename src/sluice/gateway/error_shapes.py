@@ -11,7 +11,9 @@ request_too_large (413), rate_limit_error (429), api_error (500) and overloaded_
 rate limit, as Anthropic's) and every refusal for overload (queue full, queue timeout,
 shed on pressure, fast reject, no backend, the backend's own 503) with 529
 `overloaded_error` (the service is busy, as Anthropic's), each with Retry-After; the
-anthropic SDK retries both and honours the header. Sluice's own code is kept in the
+anthropic SDK retries both and honours the header. A refusal because no room comes before
+the client's deadline (`cannot_serve_in_time`) is a 529 too, without Retry-After and with
+`x-should-retry: false`, which the SDK obeys. Sluice's own code is kept in the
 message, `(code: queue_full)`, so that logs still say which refusal it was."""
 
 from __future__ import annotations
@@ -48,10 +50,16 @@ class ErrorShape:
         )
 
     def reject(
-        self, code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
+        self,
+        code: RejectCode,
+        retry_after_s: float,
+        queue: str,
+        headers: dict[str, str],
+        within_s: float | None = None,
     ) -> web.Response:
-        """A refusal by the gateway (429, or 503 when no backend serves the model)."""
-        return errors.reject_response(code, retry_after_s, queue, headers)
+        """A refusal by the gateway (429, or 503 when no backend serves the model);
+        `within_s`: what is left of the client's deadline (errors.retry_after_headers)."""
+        return errors.reject_response(code, retry_after_s, queue, headers, within_s)
 
     def overloaded(self, message: str, headers: dict[str, str]) -> web.Response:
         """The backend refused the request as overloaded (it answered 429/503)."""
@@ -101,13 +109,24 @@ class AnthropicErrors(ErrorShape):
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
     def reject(
-        self, code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
+        self,
+        code: RejectCode,
+        retry_after_s: float,
+        queue: str,
+        headers: dict[str, str],
+        within_s: float | None = None,
     ) -> web.Response:
+        message = errors.reject_message(code, queue, retry_after_s)
         if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
-            return self.response(400, errors.reject_message(code, queue), code.value, headers)
+            return self.response(400, message, code.value, headers)
+        if code is RejectCode.CANNOT_SERVE_IN_TIME:
+            # no room before the client's deadline: no Retry-After, and x-should-retry:
+            # false, which the anthropic SDK obeys
+            hdrs = {**headers, "x-should-retry": "false"}
+            return self.response(OVERLOADED, message, code.value, hdrs)
         status = 429 if code is RejectCode.TENANT_QUOTA else OVERLOADED
-        hdrs = {**headers, **errors.retry_after_headers(retry_after_s)}
-        return self.response(status, errors.reject_message(code, queue), code.value, hdrs)
+        hdrs = {**headers, **errors.retry_after_headers(retry_after_s, within_s)}
+        return self.response(status, message, code.value, hdrs)
 
     def overloaded(self, message: str, headers: dict[str, str]) -> web.Response:
         hdrs = {**headers, **errors.retry_after_headers(1.0)}

@@ -61,11 +61,17 @@ def error_response(
     )
 
 
-def retry_after_headers(seconds: float) -> dict[str, str]:
-    """Retry-After in whole seconds (at least 1) plus the exact `retry-after-ms`."""
+def retry_after_headers(seconds: float, within_s: float | None = None) -> dict[str, str]:
+    """Retry-After in whole seconds (at least 1) plus the exact `retry-after-ms`. With
+    `within_s`, what is left of the client's deadline: a Retry-After that is within it
+    stays within it in whole seconds too (rounded down where rounding up would pass it;
+    0 is a valid Retry-After)."""
     seconds = max(0.0, seconds)
+    whole = max(1, math.ceil(seconds))
+    if within_s is not None and seconds <= within_s < whole:
+        whole = math.floor(seconds)
     return {
-        "Retry-After": str(max(1, math.ceil(seconds))),
+        "Retry-After": str(whole),
         "retry-after-ms": str(max(1, round(seconds * 1000))),
     }
 
@@ -80,23 +86,37 @@ _REJECT_MESSAGES = {
     "pressure; retry after the indicated delay.",
     RejectCode.TENANT_QUOTA: "The tenant's quota is used up; retry after the indicated delay.",
     RejectCode.NO_BACKEND: "No healthy backend serves this model right now; retry shortly.",
+    RejectCode.CANNOT_SERVE_IN_TIME: "The {queue} class has no room for this request before "
+    "its deadline (X-Request-Timeout / X-Stainless-Timeout); the earliest room is in about "
+    "{room} s. Retrying sooner will not help.",
     RejectCode.TOO_LARGE: "The prompt is larger than the KV cache of every backend serving "
     "this model: it can never be served as it is. Shorten it.",
 }
 
 
-def reject_message(code: RejectCode, queue: str) -> str:
-    return _REJECT_MESSAGES[code].format(queue=queue)
+def reject_message(code: RejectCode, queue: str, retry_after_s: float = 0.0) -> str:
+    """The refusal's message (`cannot_serve_in_time` names the earliest room it found)."""
+    return _REJECT_MESSAGES[code].format(queue=queue, room=math.ceil(retry_after_s))
 
 
 def reject_response(
-    code: RejectCode, retry_after_s: float, queue: str, headers: dict[str, str]
+    code: RejectCode,
+    retry_after_s: float,
+    queue: str,
+    headers: dict[str, str],
+    within_s: float | None = None,
 ) -> web.Response:
-    message = reject_message(code, queue)
+    # `cannot_serve_in_time` (no room before the client's deadline): no Retry-After, and
+    # x-should-retry: false, which the openai and anthropic SDKs obey. A booked return
+    # slot's token is among `headers` (gateway/returns.py); `within_s`: what is left of the
+    # client's deadline (retry_after_headers).
+    message = reject_message(code, queue, retry_after_s)
     if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
         return error_response(400, message, code.value, headers)
     status = 503 if code is RejectCode.NO_BACKEND else 429
-    hdrs = {**headers, **retry_after_headers(retry_after_s)}
+    if code is RejectCode.CANNOT_SERVE_IN_TIME:
+        return error_response(status, message, code.value, {**headers, "x-should-retry": "false"})
+    hdrs = {**headers, **retry_after_headers(retry_after_s, within_s)}
     return error_response(status, message, code.value, hdrs)
 
 

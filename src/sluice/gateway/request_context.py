@@ -51,6 +51,8 @@ class RequestContext:
     attempt = 0  # admission: which attempt runs (0 = the first)
     queued_s = 0.0  # time queued over every attempt
     failed: RelayResult | None = None  # the answer a retry would replace
+    booking: str | None = None  # admission.begin: the return slot this request claims
+    booked_slot: float | None = None  # and when that slot is due (the core's clock)
 
     def __init__(self, request: web.Request, route: RouteSpec, started: float) -> None:
         self.request = request

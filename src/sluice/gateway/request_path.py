@@ -12,10 +12,12 @@ RouteSpec (gateway/routes.py).
         a stored response): admission.begin, bypass.place (or stored_responses.locate),
         bypass.forward, account; then the access record ──
      feature_breaker non-core feature with its breaker open   ->  fallback
-     admission.begin the request id; a client's retry counted
+     admission.begin the request id; a client's retry counted; the
+                     return slot its booking token claims (gateway/returns.py)
      stored_responses.continuation: previous_response_id -> its backend, its tokens
      quota_ticket    shared quota in Redis (when configured)         429 tenant_quota
-  ┌> admission       core admission, queue wait                      429 / 503
+  ┌> admission       core admission, queue wait (a booking: first
+  │                  attempt only)                                   429 / 503
   │  forward         relay to the backend; the core and the pool learn the result
   │  account         ticket usage, feature breaker, outcome
   └─ retry_after_failure: failed before the first byte, once, on another backend
@@ -42,6 +44,7 @@ from sluice.gateway.features import Features
 from sluice.gateway.relay import Relay
 from sluice.gateway.request_context import RequestContext
 from sluice.gateway.response_store import ResponseStore
+from sluice.gateway.returns import BookingTokens
 from sluice.gateway.routes import RouteSpec
 from sluice.gateway.shared_quota import SharedQuotaGate
 from sluice.gateway.stages.access_record import write_access_record
@@ -77,6 +80,7 @@ class RequestPath:
         telemetry: Telemetry,
         clock: Clock,
         quota_gate: SharedQuotaGate | None,
+        tokens: BookingTokens,
     ) -> None:
         self.clock = clock
         self.telemetry = telemetry
@@ -84,7 +88,8 @@ class RequestPath:
         self._controller = controller
         self._bridge = bridge
         self._expose_backend = policy.expose.backend_names
-        refusal = self._refusal = Refusal(telemetry, policy)
+        self._tokens = tokens
+        refusal = self._refusal = Refusal(telemetry, policy, tokens, clock)
         self._authenticate = Authenticate(keyring)
         self._read_body = ReadBody(policy.server)
         self._feature_breaker = FeatureBreaker(features)
@@ -106,7 +111,7 @@ class RequestPath:
         self._parse_body = ParseBody(pool, refusal)
         self._fallback = Fallback(telemetry, pool, relay)
         admission = self._admission = Admission(
-            self._bridge, pool, telemetry, clock, refusal, self._expose_backend
+            self._bridge, pool, telemetry, clock, refusal, self._tokens, self._expose_backend
         )
         self._forward = Forward(relay, self._controller, self._bridge, pool, telemetry, clock)
         self._bypass = Bypass(pool, relay, refusal, self._expose_backend)

@@ -220,6 +220,13 @@ class Telemetry:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.retry_after = Histogram(
+            "sluice_retry_after_seconds",
+            "Retry-After given with each refusal that carries one, by class",
+            ["priority"],
+            buckets=(0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60),
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "sluice_queue_wait_seconds",
             "Time spent queued before dispatch, by class and route",
@@ -287,8 +294,8 @@ class Telemetry:
 
     def counters(self) -> dict[str, Any]:
         """Cumulative counters for the dashboard: answers by class and outcome, refusals by
-        class and cause, and TTFT sum/count by class (of all workers)."""
-        out: dict[str, Any] = {"requests": {}, "rejections": {}, "ttft": {}}
+        class and cause, and TTFT and Retry-After sum/count by class (of all workers)."""
+        out: dict[str, Any] = {"requests": {}, "rejections": {}, "ttft": {}, "retry_after": {}}
         for metric, key, label in (
             (self.requests, "requests", "outcome"),
             (self.rejections, "rejections", "code"),
@@ -299,12 +306,13 @@ class Telemetry:
                         by_class = out[key].setdefault("P" + s.labels["priority"], {})
                         what = s.labels[label]  # over every route
                         by_class[what] = by_class.get(what, 0.0) + s.value
-        for family in self._families(self.ttft):
-            for s in family.samples:
-                if s.name.endswith(("_sum", "_count")):
-                    entry = out["ttft"].setdefault("P" + s.labels["priority"], {})
-                    part = s.name.rsplit("_", 1)[1]
-                    entry[part] = entry.get(part, 0.0) + s.value
+        for metric, key in ((self.ttft, "ttft"), (self.retry_after, "retry_after")):
+            for family in self._families(metric):
+                for s in family.samples:
+                    if s.name.endswith(("_sum", "_count")):
+                        entry = out[key].setdefault("P" + s.labels["priority"], {})
+                        part = s.name.rsplit("_", 1)[1]
+                        entry[part] = entry.get(part, 0.0) + s.value
         return out
 
     def watch_state(self, snapshot: Callable[[], dict[str, Any]]) -> None:

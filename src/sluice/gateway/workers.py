@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,6 +35,7 @@ import tempfile
 from prometheus_client.multiprocess import mark_process_dead
 
 from sluice.config import Policy
+from sluice.gateway.returns import SECRET_ENV as BOOKING_SECRET_ENV
 
 log = logging.getLogger("sluice.workers")
 
@@ -143,7 +145,11 @@ async def _master(policy: Policy, args: argparse.Namespace) -> int:
         port = int(holder.getsockname()[1])
         read_fd, write_fd = os.pipe()
         env = dict(
-            os.environ, PROMETHEUS_MULTIPROC_DIR=metrics_dir, **{READY_FD_ENV: str(write_fd)}
+            os.environ,
+            PROMETHEUS_MULTIPROC_DIR=metrics_dir,
+            **{READY_FD_ENV: str(write_fd)},
+            # one key for every worker's booking tokens: a return lands on any of them
+            **{BOOKING_SECRET_ENV: secrets.token_hex(32)},
         )
         try:
             for i in range(args.workers):

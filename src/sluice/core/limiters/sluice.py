@@ -18,7 +18,15 @@ Signals, from fastest to slowest:
   * TPOT of each request at its end (EWMA), against a target: the larger of
     `tpot_target_s` (30 ms: the EWMA is a mean, kept well inside the 100 ms interactive
     SLO so that its tail and long answers stay inside too) and tpot_base_ratio * its
-    windowed-min base (a slow model is not held at the minimum).
+    windowed-min base (a slow model is not held at the minimum), that base never above
+    the lowest TPOT seen over the last `tpot_floor_s` (5 min) for the same request mix:
+    sustained load raises the windowed minimum (no light moment left in a window), which
+    would raise the target with the load it should hold back (after a burst whose refused
+    clients came back at once, 3 x a base of 20 ms let TPOT reach 35 ms and 1,000-token P0
+    answers miss their 30 s deadline). A new mix has a new base: when the mean footprint
+    of the requests sent (a slow EWMA) moves by more than `tpot_floor_mix` x from the one
+    the floor was learned with (prompts of 500 tokens become 4,000), the floor starts
+    over.
   * Drops (error, timeout, backend refusal).
   * Each metrics scrape: waiting > waiting_tolerance on two scrapes in a row (a request
     that arrived since the last engine step is waiting for a moment at any load), KV
@@ -93,6 +101,8 @@ class SluiceLimiter(LimiterBase):
         tpot_target_s: float = 0.03,
         tpot_base_ratio: float = 3.0,
         tpot_grow_below: float = 0.8,
+        tpot_floor_s: float = 300.0,
+        tpot_floor_mix: float = 1.5,
         decrease: float = 0.8,
         cut_interval_s: float = 0.25,
         near_limit: float = 0.8,
@@ -139,6 +149,13 @@ class SluiceLimiter(LimiterBase):
         rng = random.Random(seed)
         self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
         self._tpot_base = WindowedMin(probe_interval_s, probe_jitter, rng)
+        # its own generator: the windows above keep the draws they had
+        self._floor_rng = random.Random(f"{seed}/tpot-floor")
+        self._tpot_floor = WindowedMin(tpot_floor_s, 0.0, self._floor_rng)
+        self.tpot_floor_s = tpot_floor_s
+        self.tpot_floor_mix = tpot_floor_mix
+        self._mix = Ewma(0.02)  # mean footprint of the requests sent, slowly
+        self._floor_mix: float | None = None  # ... when the floor started
         self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
         self._tpot = Ewma(tpot_alpha)
         self._footprint = Ewma(footprint_alpha)
@@ -211,6 +228,9 @@ class SluiceLimiter(LimiterBase):
     def tpot_target(self, now: float) -> float:
         """TPOT above which the limit is cut."""
         base = self._tpot_base.value(now)
+        floor = self._tpot_floor.value(now)
+        if base is not None and floor is not None:
+            base = min(base, floor)
         rel = 0.0 if base is None else base * self.tpot_base_ratio
         return max(self.tpot_target_s, rel)
 
@@ -249,6 +269,16 @@ class SluiceLimiter(LimiterBase):
     def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
         self._inflight = inflight
         self._footprint.update(float(footprint_tokens))
+        mix = self._mix.update(float(footprint_tokens))
+        if self._floor_mix is None:
+            self._floor_mix = mix
+        elif (
+            not self._floor_mix / self.tpot_floor_mix
+            <= mix
+            <= self._floor_mix * self.tpot_floor_mix
+        ):
+            self._tpot_floor = WindowedMin(self.tpot_floor_s, 0.0, self._floor_rng)
+            self._floor_mix = mix
         if self._kv_capacity is not None:
             self._recompute()
 
@@ -270,6 +300,7 @@ class SluiceLimiter(LimiterBase):
             return
         if sample.tpot_s is not None and sample.tpot_s > 0:
             self._tpot_base.update(sample.tpot_s, now)
+            self._tpot_floor.update(sample.tpot_s, now)
             self._tpot.update(sample.tpot_s)
             if self._tpot_too_slow(sample, now):
                 self._cut(now, sample.sent_at, "tpot")

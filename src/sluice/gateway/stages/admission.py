@@ -6,7 +6,10 @@ context names its backend and the relay runs. A request that failed before anyth
 reached its client is tried once more on another backend (`retry_after_failure`, the
 one-retry rule); after the first byte it is never replayed. The retry is the gateway's own
 idea: it waits for a slot no longer than RETRY_WAIT_S nor past the client's deadline, and
-if it finds none, the client gets the first attempt's answer."""
+if it finds none, the client gets the first attempt's answer.
+
+A request that brings back a booking token (gateway/returns.py) claims its return slot on
+its first attempt only: the gateway's own retry is a fresh arrival."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
 from sluice.gateway.relay import RelayResult
 from sluice.gateway.request_context import RequestContext
+from sluice.gateway.returns import BookingTokens
 from sluice.gateway.stages.refusal import Refusal
 from sluice.gateway.telemetry import Telemetry
 
@@ -65,6 +69,9 @@ def request_info(ctx: RequestContext, request_id: str, deadline: float | None) -
         first_token_visible=ctx.stream,
         prefill_only=ctx.route.prefill_only,
         backend=ctx.pinned_backend,
+        booking=ctx.booking if ctx.failed is None else None,
+        booked_slot=ctx.booked_slot,
+        give_up_at=ctx.deadline,
     )
 
 
@@ -76,6 +83,7 @@ class Admission:
         telemetry: Telemetry,
         clock: Clock,
         refusal: Refusal,
+        tokens: BookingTokens,
         expose_backend: bool = True,
     ) -> None:
         self.bridge = bridge
@@ -85,15 +93,21 @@ class Admission:
         self.telemetry = telemetry
         self.clock = clock
         self.refusal = refusal
+        self.tokens = tokens
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}"
 
     def begin(self, ctx: RequestContext) -> None:
-        """Before the first attempt: the request's id, and whether a client retries it."""
-        retry = retry_attempt(ctx.request.headers)
+        """Before the first attempt: the request's id, whether a client retries it, and
+        the return slot it claims (a booking token this gateway can verify)."""
+        headers = ctx.request.headers
+        retry = retry_attempt(headers)
         if retry:
             ctx.retry_attempt = retry[0]
             self.telemetry.retries.labels(str(ctx.priority), retry[1]).inc()
+        ctx.booking, ctx.booked_slot = self.tokens.return_claim(
+            headers, ctx.tenant.name, ctx.priority
+        )
         base_id = ctx.base_id = f"{self._id_prefix}-{next(self._ids)}"
         ctx.headers["X-Request-Id"] = base_id
         ctx.fields.update(
@@ -116,7 +130,7 @@ class Admission:
             if ctx.failed is not None:
                 return self._retry_gave_up(ctx)
             ctx.fields["outcome"] = admission.code.value
-            return self.refusal.run(ctx, admission.code, admission.retry_after_s)
+            return self.refusal.run(ctx, admission.code, admission.retry_after_s, admission)
         decision = admission.assignment or await self.bridge.wait(request_id)
         waited = decision.queued_s
         queued_s = ctx.queued_s = ctx.queued_s + waited
@@ -128,7 +142,7 @@ class Admission:
             if ctx.failed is not None:
                 return self._retry_gave_up(ctx)
             fields["outcome"] = decision.code.value
-            return self.refusal.run(ctx, decision.code, decision.retry_after_s)
+            return self.refusal.run(ctx, decision.code, decision.retry_after_s, decision)
         backend = decision.backend
         if self.expose_backend:
             headers["X-Sluice-Backend"] = backend
