@@ -91,6 +91,8 @@ def _idle_starts(run: ArmRun, priority: int) -> list[float]:
         free = 0.0
         for lim, inf in zip(limits, inflight, strict=True):
             if k < len(lim) and k < len(inf):
+                if not math.isfinite(lim[k]):  # a peer without a limit: no free-slot count
+                    continue
                 cap = lim[k] if priority == 0 else max(1.0, math.floor(lim[k] * share + 1e-9))
                 free += max(0.0, cap - inf[k])
         dt = ts[k + 1] - ts[k]

@@ -41,6 +41,8 @@ class PeerAdmission:
     queued: bool  # accepted: it will come out of `dispatch`
     code: PeerCode | None = None
     retry_after_s: float | None = None  # the Retry-After header, None when the peer sends none
+    booking: str | None = None  # no peer books a return slot (Sluice's X-Sluice-Booking)
+    retry_window_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -50,6 +52,8 @@ class PeerRejection:
     request_id: str
     code: PeerCode
     retry_after_s: float | None = None
+    booking: str | None = None
+    retry_window_s: float = 0.0
 
 
 class PeerGateway:
