@@ -42,13 +42,17 @@ def run(args: argparse.Namespace) -> int:
             else " Then the same traffic goes straight to the backends, for comparison."
         )
     )
-    bench_args = argparse.Namespace(
-        scenario="demo",
-        arms="sluice" if args.no_compare else "sluice,direct",
-        mode="real",
-        out=args.out,
-        seed=args.seed,
-        no_plots=False,
-        real_size=False,
+    return bench_cmd.run(bench_args(args))
+
+
+def bench_args(args: argparse.Namespace) -> argparse.Namespace:
+    """`sluice bench demo --mode real ...` with every other option at its default (one
+    parser: an option bench gains is never missing here)."""
+    parser = argparse.ArgumentParser()
+    bench_cmd.configure(parser)
+    out = parser.parse_args(
+        ["demo", "--mode", "real", "--arms", "sluice" if args.no_compare else "sluice,direct"]
     )
-    return bench_cmd.run(bench_args)
+    out.out = args.out
+    out.seed = args.seed
+    return out
