@@ -1,6 +1,8 @@
 """Abort on every streaming route: clients of the Responses and Messages streams close
-after their first event; the backend aborts each request (its KV blocks freed) within
-100 ms of its client's close, as on chat (test_gateway_proxy.py)."""
+after their first token's event (the Responses stream's opening events come before the
+engine has scheduled the request, so they do not say it is running); the backend aborts
+each request (its KV blocks freed) within 100 ms of its client's close, as on chat
+(test_gateway_proxy.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ ROUTES = {
         "/v1/responses",
         {"model": MODEL, "input": "Tell me about rivers.", "max_output_tokens": 2000},
         {"Authorization": "Bearer sk-demo-p0"},
+        '"type":"response.output_text.delta"',
     ),
     "messages": (
         "/v1/messages",
@@ -31,6 +34,7 @@ ROUTES = {
             "messages": [{"role": "user", "content": "Tell me about rivers."}],
         },
         {"x-api-key": "sk-demo-p0", "anthropic-version": "2023-06-01"},
+        '"type":"content_block_delta"',
     ),
 }
 
@@ -41,12 +45,16 @@ async def test_abort_reaches_the_backend_within_100ms(sim_factory: SimFactory, r
         "--profile", "tiny", "--kv-blocks", "4096", "--max-num-seqs", "128", "--speed", "1"
     )
     gw = start_gateway([sim.url], POLICY_BIG_LIMIT)
-    path, body, headers = ROUTES[route]
+    path, body, headers, first_token = ROUTES[route]
     body = {**body, "stream": True, "ignore_eos": True}
     try:
-        # the first event: response.created, message_start
         delays = await abort_delays(
-            sim, gw, path, body, headers, lambda line: line.startswith("data: {")
+            sim,
+            gw,
+            path,
+            body,
+            headers,
+            lambda line: line.startswith("data: {") and first_token in line,
         )
     finally:
         gw.stop()
