@@ -226,6 +226,60 @@ def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:
     assert ids(c.dispatch()) == ["huge"]
 
 
+class PrefillLimiter(LimiterBase):
+    """A fixed limit and a bound on the prompt tokens awaiting their first token."""
+
+    def __init__(self, limit: int, prefill: float) -> None:
+        self._limit = limit
+        self._prefill = prefill
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def prefill_budget_tokens(self) -> float | None:
+        return self._prefill
+
+
+def test_the_prefill_bound_holds_prompts_until_first_tokens_come_back() -> None:
+    clock = FakeClock()
+
+    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> PrefillLimiter:
+        return PrefillLimiter(10, 1000.0)
+
+    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
+    for i in range(3):
+        c.arrive(req(f"p1-{i}", 1, prompt=300))
+    # P1 may queue 0.8 x 1000 prompt tokens on the engine: two prompts of 300, not three
+    assert ids(c.dispatch()) == ["p1-0", "p1-1"]
+    c.arrive(req("p0", 0, prompt=300))
+    assert ids(c.dispatch()) == ["p0"]  # P0 has the whole bound: 900 <= 1000
+    c.on_first_token("p1-0")  # its prompt is no longer waiting: 600 queued
+    assert ids(c.dispatch()) == []  # 600 + 300 > 800 for P1
+    c.on_first_token("p1-1")
+    assert ids(c.dispatch()) == ["p1-2"]
+    # a backend with no prefill queued takes any prompt
+    c.on_first_token("p0")
+    c.on_first_token("p1-2")
+    c.arrive(req("long", 1, prompt=5000))
+    assert ids(c.dispatch()) == ["long"]
+
+
+def test_a_non_streamed_prompt_does_not_hold_the_prefill_bound() -> None:
+    # its first token is never seen: counting its prompt until its end would hold the
+    # bound for the whole answer
+    clock = FakeClock()
+
+    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> PrefillLimiter:
+        return PrefillLimiter(10, 1000.0)
+
+    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
+    c.arrive(RequestInfo("whole", "t", 1, "m", 700, 100, first_token_visible=False))
+    c.arrive(req("next", 1, prompt=700))
+    assert ids(c.dispatch()) == ["whole", "next"]
+
+
 def test_a_queued_disconnect_leaves_at_once() -> None:
     clock = FakeClock()
     c = Controller(policy(limit=1), clock, ["b0"])

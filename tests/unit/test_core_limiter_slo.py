@@ -268,3 +268,13 @@ def test_p0_first_tokens_slower_than_half_its_ttft_objective_cut() -> None:
     assert lim.last_cut_reason == "ttft-objective" and lim.cuts == cuts + 1
     # slow start took it from 20 to 26 on the good first tokens; one cut: 26 x 0.8
     assert (cuts, before, lim.latency_limit) == (0, 26, pytest.approx(20.8))
+
+
+def test_the_prefill_bound_aims_at_the_policys_tightest_ttft_whoever_is_served() -> None:
+    # only P2 in flight: a P0 request may still come, and it waits behind the prefill
+    # queued before it
+    lim = limiter(InFlight(p2=5))
+    lim.on_sample(Sample(ttft_s=0.02, prompt_tokens=PROMPT, sent_at=0.0), 0.0)  # 40 us/token
+    assert lim.prefill_target_s() == pytest.approx(0.9 * 0.5 * 1.0)
+    assert lim.prefill_budget_tokens == pytest.approx(0.45 / 4e-5 - 64)
+    assert limiter(InFlight(), prefill_share=None).prefill_budget_tokens is None

@@ -423,3 +423,37 @@ def test_the_kv_cap_follows_the_footprint_of_the_requests_being_admitted() -> No
     assert lim.limit == 3
     lim.on_dispatch(3, 100, 0.4)
     assert lim.limit == 12
+
+
+def test_a_cut_lowers_the_limit_in_force_when_the_kv_cap_holds_the_latency_limit_above_it() -> None:
+    # a short-prompt phase grew the latency limit to 100; long prompts make the KV cap the
+    # limit in force (12): a TPOT cut from 100 (to 80) would change nothing
+    lim = limiter(initial=100, footprint_alpha=1.0)
+    lim.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
+    lim.on_dispatch(12, 100, 0.0)
+    assert (lim.latency_limit, lim.limit) == (100.0, 12)
+    lim.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=0.0), 1.0)
+    assert lim.latency_limit == pytest.approx(9.6)  # 0.8 x the 12 in force
+    assert lim.limit == 9
+
+
+def test_a_cut_the_kv_cap_does_not_absorb_acts_on_the_latency_limit() -> None:
+    lim = limiter(initial=14, footprint_alpha=1.0)
+    lim.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
+    lim.on_dispatch(12, 100, 0.0)
+    assert lim.limit == 12  # floor(1280 / 100) < 14
+    lim.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=0.0), 1.0)
+    assert lim.latency_limit == pytest.approx(11.2)  # 0.8 x 14: below the 12 in force
+    assert lim.limit == 11
+
+
+def test_the_prefill_budget_is_the_prefill_whose_expected_ttft_is_the_target() -> None:
+    lim = limiter(prefill_ttft_s=0.45)
+    assert lim.prefill_budget_tokens is None  # no TTFT base yet
+    ttft(lim, 0.02, 0.0)  # base 0.02 / 500 = 40 us per token
+    # (0.45 - 1.5 x step 0) / 40 us - 64 fixed
+    assert lim.prefill_budget_tokens == pytest.approx(0.45 / 4e-5 - 64)
+    lim.on_sample(Sample(ttft_s=0.02, tpot_s=0.02, e2e_s=1.0, sent_at=0.0), 0.5)
+    # a step of 20 ms in progress: a new request waits for it first
+    assert lim.prefill_budget_tokens == pytest.approx((0.45 - 1.5 * 0.02) / 4e-5 - 64)
+    assert limiter(prefill_ttft_s=None).prefill_budget_tokens is None

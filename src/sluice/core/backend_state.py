@@ -25,6 +25,7 @@ class BackendState:
         "metrics_fresh",
         "models",
         "name",
+        "prefill_budget",
         "prefill_tokens",
         "removed",
         "scrapes",
@@ -38,7 +39,10 @@ class BackendState:
         self.inflight = 0
         self.inflight_by_class = [0, 0, 0]  # by priority (the `slo` limiter reads it)
         self.inflight_tokens = 0
-        self.prefill_tokens = 0.0  # prompt tokens of in-flight requests without a first token
+        # prompt tokens of in-flight requests without a first token (of those whose first
+        # token the gateway sees: a non-streamed answer's prefill is not known to end)
+        self.prefill_tokens = 0.0
+        self.prefill_budget: float | None = limiter.prefill_budget_tokens
         self.limit = limiter.limit  # cached after every limiter call
         self.cap_low = -1  # slots P1/P2 may use (the dispatcher computes it)
         self.kv_budget: float | None = limiter.kv_budget_tokens

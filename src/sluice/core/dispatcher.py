@@ -23,9 +23,15 @@ Rules (docs/overload.md):
     timeout, placed whenever a backend serving its model is empty, holding nobody back.
     (One whose prompt exceeds every such backend's whole KV cache never gets this far:
     the controller refuses it at arrival, `never_fits`.)
+  * Prefill bound: when the limiter states one (`prefill_budget_tokens`), the prompt
+    tokens sent to a backend that await their first token (the prefill it has queued)
+    may not exceed it with the new request's prompt, for P1/P2 (1 - reserved.p0) of it:
+    a burst of long prompts queued on the engine would delay every first token sent
+    after them. A backend with no prefill queued takes any prompt.
   * Backend choice: among healthy backends serving the model with a free slot for the
-    class and room in their KV budget, the one with the fewest requests in flight; ties
-    go to the fewest estimated tokens in flight, then to the name. A request pinned to a
+    class and room in their KV budget and prefill bound, the one with the fewest
+    requests in flight; ties go to the fewest estimated tokens in flight, then to the
+    name. A request pinned to a
     backend (RequestInfo.backend: a continuation of a response stored there) waits for a
     slot on that one; at the head of its class it holds its class back until then (a
     slot frees with the next finish there), not the lower classes. A backend with nothing
@@ -168,6 +174,7 @@ class Dispatcher:
             b.limit = limit
             b.cap_low = low_cap(limit, self.reserved_p0)
         b.kv_budget = limiter.kv_budget_tokens
+        b.prefill_budget = limiter.prefill_budget_tokens
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -211,7 +218,8 @@ class Dispatcher:
         rec.epoch = b.scrapes
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
-        b.prefill_tokens += rec.prompt_est
+        if rec.info.first_token_visible:
+            b.prefill_tokens += rec.prompt_est
         b.limiter.on_dispatch(b.inflight, rec.cost, now)
         self.refresh(b)
 
@@ -226,7 +234,7 @@ class Dispatcher:
         b.inflight_tokens -= rec.cost
         if rec.epoch == b.scrapes:
             b.fresh -= 1
-        if rec.first_token_at is None:
+        if rec.first_token_at is None and rec.info.first_token_visible:
             self.prefilled(rec)
         if b.inflight == 0:
             b.prefill_tokens = 0.0  # no float drift left behind
@@ -253,6 +261,7 @@ class Dispatcher:
         share = 1.0 if full_rights else 1.0 - self.reserved_p0
         model = rec.model
         cost = rec.cost
+        prompt = rec.prompt_est
         best: BackendState | None = None
         for b in cands.values():
             models = b.models
@@ -265,6 +274,9 @@ class Dispatcher:
                 continue
             budget = b.kv_budget
             if budget is not None and b.inflight and b.inflight_tokens + cost > budget * share:
+                continue
+            pf = b.prefill_budget
+            if pf is not None and b.prefill_tokens and b.prefill_tokens + prompt > pf * share:
                 continue
             if best is None:
                 best = b

@@ -31,6 +31,12 @@ class Limiter(Protocol):
         """Estimated KV tokens allowed in flight, or None for no token budget."""
         ...
 
+    @property
+    def prefill_budget_tokens(self) -> float | None:
+        """Prompt tokens allowed in flight without their first token yet (the prefill
+        the backend has queued), or None for no bound."""
+        ...
+
     def on_sample(self, sample: Sample, now: float) -> None: ...
 
     def on_metrics(self, m: BackendMetrics, now: float) -> None: ...
@@ -65,6 +71,10 @@ class LimiterBase(ABC):
 
     @property
     def kv_budget_tokens(self) -> float | None:
+        return None
+
+    @property
+    def prefill_budget_tokens(self) -> float | None:
         return None
 
     def on_sample(self, sample: Sample, now: float) -> None:

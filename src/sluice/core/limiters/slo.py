@@ -70,6 +70,7 @@ class SloLimiter(SluiceLimiter):
         length_quantile: float = 1.0,
         ttft_share: float | None = 0.5,
         ttft_window: int = 40,
+        prefill_share: float | None = 0.5,
         **kwargs: Any,
     ) -> None:
         super().__init__(min_limit, max_limit, initial_limit, **kwargs)
@@ -91,6 +92,7 @@ class SloLimiter(SluiceLimiter):
         self._now = 0.0  # of the last event (for describe)
         self.min_lengths = min_lengths
         self.ttft_share = ttft_share
+        self.prefill_share = prefill_share
         # (sent_at, ttft, class) of the last first tokens here
         self._ttfts: deque[tuple[float, float, int]] = deque(maxlen=ttft_window)
         self.length_quantile = length_quantile
@@ -181,6 +183,16 @@ class SloLimiter(SluiceLimiter):
         if best is None:
             return None
         return (1.0 - self.tail_margin) * self.ttft_share * best[0], best[1]
+
+    def prefill_target_s(self) -> float | None:
+        """The prefill bound's target: ttft_share of the tightest TTFT objective of the
+        policy, less the tail margin, whether or not its class is being served (a P0
+        request may come at any time, and it waits behind the prefill queued before it);
+        with none, `sluice`'s."""
+        stated = [o.ttft for o in self.objectives.values() if o.ttft is not None]
+        if self.prefill_share is None or not stated:
+            return super().prefill_target_s()
+        return (1.0 - self.tail_margin) * self.prefill_share * min(stated)
 
     def ttft_p95(self, prio: int) -> float | None:
         """The p95 TTFT of the class's first tokens here sent after the last cut, once

@@ -117,6 +117,7 @@ class SluiceLimiter(LimiterBase):
         footprint_alpha: float = 0.5,
         fleet_prior_requests: float = 4.0,
         demand_footprint: Callable[[], float | None] | None = None,
+        prefill_ttft_s: float | None = None,
         seed: int | str = 0,
     ) -> None:
         if not 1 <= min_limit <= initial_limit <= max_limit:
@@ -145,6 +146,7 @@ class SluiceLimiter(LimiterBase):
         self.waiting_tolerance = waiting_tolerance
         self._waiting_before = False
         self.kv_budget_fraction = kv_budget_fraction
+        self.prefill_ttft_s = prefill_ttft_s
 
         rng = random.Random(seed)
         self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
@@ -156,6 +158,10 @@ class SluiceLimiter(LimiterBase):
         self.tpot_floor_mix = tpot_floor_mix
         self._mix = Ewma(0.02)  # mean footprint of the requests sent, slowly
         self._floor_mix: float | None = None  # ... when the floor started
+        # the engine's prefill time per prompt token, its lowest over `tpot_floor_s`: the
+        # TTFT base rises under sustained load (every first token then waits for a step
+        # and a queue), which would shrink the prefill budget with the load it serves
+        self._prefill_per_token = WindowedMin(tpot_floor_s, 0.0, random.Random(f"{seed}/pf"))
         self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
         self._tpot = Ewma(tpot_alpha)
         self._footprint = Ewma(footprint_alpha)
@@ -164,6 +170,7 @@ class SluiceLimiter(LimiterBase):
 
         self._limit = float(initial_limit)
         self._effective = initial_limit
+        self._cap = math.inf  # the KV and engine caps on the limit (inf: none)
         self._slow_start = True
         self._last_cut_at = -math.inf
         self._inflight = 0
@@ -199,6 +206,22 @@ class SluiceLimiter(LimiterBase):
         full = cap * self.kv_budget_fraction
         shared = self._kv_scrape_budget
         return full if shared is None else shared
+
+    def prefill_target_s(self) -> float | None:
+        """The backend TTFT the prefill bound keeps a request's wait under (None: none)."""
+        return self.prefill_ttft_s
+
+    @property
+    def prefill_budget_tokens(self) -> float | None:
+        """Prompt tokens that may await their first token on the backend: the prefill
+        whose expected TTFT (`expected_ttft`) is the prefill target; None before the
+        first TTFT (no base yet) or without a target."""
+        target = self.prefill_target_s()
+        base = self._prefill_per_token.peek()
+        if target is None or not base:
+            return None
+        step = self._tpot.value or 0.0
+        return max(0.0, (target - self.step_wait * step) / base - self.prompt_fixed_tokens)
 
     @property
     def latency_limit(self) -> float:
@@ -256,6 +279,7 @@ class SluiceLimiter(LimiterBase):
             "tpot_ewma_s": self._tpot.value,
             "kv_capacity_tokens": self._kv_capacity,
             "kv_budget_tokens": self.kv_budget_tokens,
+            "prefill_budget_tokens": self.prefill_budget_tokens,
             "footprint_dispatched": self._footprint.value,
             "footprint_admitted": None if self._demand is None else self._demand(),
         }
@@ -318,7 +342,9 @@ class SluiceLimiter(LimiterBase):
         base = self._ttft_base.value(now)
         # the base learns from the request's own prompt only: an engine that prefills
         # several prompts in one step would otherwise drag it toward zero
-        self._ttft_base.update(ttft / (sample.prompt_tokens + self.prompt_fixed_tokens), now)
+        per_token = ttft / (sample.prompt_tokens + self.prompt_fixed_tokens)
+        self._ttft_base.update(per_token, now)
+        self._prefill_per_token.update(per_token, now)
         if not base:
             return
         expected = self._expected(work, base)
@@ -403,7 +429,15 @@ class SluiceLimiter(LimiterBase):
             return  # this request was sent under the old limit
         if now - self._last_cut_at < self.cut_interval_s:
             return
-        self._limit = max(float(self.min_limit), self._limit * self.decrease)
+        # from the limit in force: a latency limit the KV cap holds far above it (the
+        # long prompts of a new mix) would absorb the cut and change nothing
+        # A cut the KV (or engine) cap would absorb, the latency limit staying above the
+        # cap (a short-prompt phase grew it; long prompts made the cap the limit in
+        # force), acts on the cap: the limit in force comes down.
+        cut = self._limit * self.decrease
+        if cut >= self._cap:
+            cut = self._cap * self.decrease
+        self._limit = max(float(self.min_limit), cut)
         self._last_cut_at = now
         self._slow_start = False
         self.cuts += 1
@@ -432,8 +466,10 @@ class SluiceLimiter(LimiterBase):
             ahead = self._demand()
             if ahead is not None and (fp is None or ahead > fp):
                 fp = ahead
+        cap = math.inf
         if budget is not None and fp:
-            eff = min(eff, math.floor(budget / fp))
+            cap = float(math.floor(budget / fp))
         if self._engine_cap:
-            eff = min(eff, self._engine_cap)
-        self._effective = max(self.min_limit, eff)
+            cap = min(cap, float(self._engine_cap))
+        self._cap = cap
+        self._effective = max(self.min_limit, min(eff, int(cap)) if cap < math.inf else eff)

@@ -65,5 +65,6 @@ class Forward:
         def on_first_token() -> None:
             self.controller.on_first_token(ctx.request_id)
             self.telemetry.observe_ttft[ctx.metric_key](self.clock.now() - ctx.started)
+            self.bridge.pump()  # its prompt left the backend's prefill bound
 
         return on_first_token
