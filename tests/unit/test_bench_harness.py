@@ -326,3 +326,11 @@ def test_a_pooling_request_finishes_when_its_prompt_is_computed() -> None:
     assert run.controller_snapshot["classes"]["P0"]["finished"] == {"ok": 1}
     res = arm_results(run, s)
     assert res["classes"]["P0"]["completed"] == 1 and res["classes"]["P0"]["slo_attainment"] == 1
+
+
+def test_a_fleet_scenario_scales_the_gateway_arms_queues() -> None:
+    # the seed's 200 / 500 / 1,000 hold seconds of two backends' capacity
+    assert [q.max_queue_size for q in sluice_policy(scenario(), 64).queues] == [200, 500, 1000]
+    fleet = scenario(backends=32, extra="queueScale: 16")
+    assert [q.max_queue_size for q in sluice_policy(fleet, 64).queues] == [3200, 8000, 16000]
+    assert fifo_policy(fleet, 64).queues[0].max_queue_size == 16 * 1700

@@ -71,8 +71,10 @@ def _queues(scenario: Scenario) -> list[dict[str, Any]]:
     """The default queues, each with the objective the scenario judges its class by: the
     gateway aims at what the bench measures (one source of truth)."""
     out = []
+    scale = scenario.spec.queue_scale
     for q in DEFAULT_QUEUES:
         d = q.model_dump(by_alias=True, exclude_none=True)
+        d["maxQueueSize"] = round(q.max_queue_size * scale)
         d["slo"] = scenario.slos[CLASS_NAMES[q.priority]].model_dump(
             by_alias=True, exclude_none=True
         )
@@ -109,7 +111,7 @@ def fifo_policy(scenario: Scenario, max_limit: int, **limiter: Any) -> Policy:
     queues[0] = {
         "priority": 0,
         "name": "fifo",
-        "maxQueueSize": FIFO_QUEUE_SIZE,
+        "maxQueueSize": round(FIFO_QUEUE_SIZE * scenario.spec.queue_scale),
         "timeout": FIFO_TIMEOUT_S,
         "dropPolicy": "tail",
         "slo": queues[0]["slo"],  # one class: held to the tightest objective
