@@ -249,19 +249,19 @@ def test_the_prefill_bound_holds_prompts_until_first_tokens_come_back() -> None:
         return PrefillLimiter(10, 1000.0)
 
     c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
-    for i in range(3):
+    for i in range(4):
         c.arrive(req(f"p1-{i}", 1, prompt=300))
-    # P1 may queue 0.8 x 1000 prompt tokens on the engine: two prompts of 300, not three
-    assert ids(c.dispatch()) == ["p1-0", "p1-1"]
+    # 1000 prompt tokens may await their first token: three prompts of 300, not four
+    assert ids(c.dispatch()) == ["p1-0", "p1-1", "p1-2"]
     c.arrive(req("p0", 0, prompt=300))
-    assert ids(c.dispatch()) == ["p0"]  # P0 has the whole bound: 900 <= 1000
+    assert ids(c.dispatch()) == []  # P0 goes first, but within the bound too
     c.on_first_token("p1-0")  # its prompt is no longer waiting: 600 queued
-    assert ids(c.dispatch()) == []  # 600 + 300 > 800 for P1
+    assert ids(c.dispatch()) == ["p0"]  # strict priority: before p1-3
     c.on_first_token("p1-1")
-    assert ids(c.dispatch()) == ["p1-2"]
+    assert ids(c.dispatch()) == ["p1-3"]
     # a backend with no prefill queued takes any prompt
-    c.on_first_token("p0")
-    c.on_first_token("p1-2")
+    for rid in ("p1-2", "p0", "p1-3"):
+        c.on_first_token(rid)
     c.arrive(req("long", 1, prompt=5000))
     assert ids(c.dispatch()) == ["long"]
 

@@ -25,9 +25,11 @@ Rules (docs/overload.md):
     the controller refuses it at arrival, `never_fits`.)
   * Prefill bound: when the limiter states one (`prefill_budget_tokens`), the prompt
     tokens sent to a backend that await their first token (the prefill it has queued)
-    may not exceed it with the new request's prompt, for P1/P2 (1 - reserved.p0) of it:
-    a burst of long prompts queued on the engine would delay every first token sent
-    after them. A backend with no prefill queued takes any prompt.
+    may not exceed it with the new request's prompt: a burst of long prompts queued on
+    the engine would delay every first token sent after them. Every class has the
+    whole bound (P0 goes first at the gateway anyway; a P1/P2 share of it left the
+    engine short of prefill between steps). A backend with no prefill queued takes any
+    prompt.
   * Backend choice: among healthy backends serving the model with a free slot for the
     class and room in their KV budget and prefill bound, the one with the fewest
     requests in flight; ties go to the fewest estimated tokens in flight, then to the
@@ -276,7 +278,7 @@ class Dispatcher:
             if budget is not None and b.inflight and b.inflight_tokens + cost > budget * share:
                 continue
             pf = b.prefill_budget
-            if pf is not None and b.prefill_tokens and b.prefill_tokens + prompt > pf * share:
+            if pf is not None and b.prefill_tokens and b.prefill_tokens + prompt > pf:
                 continue
             if best is None:
                 best = b
