@@ -35,6 +35,12 @@ flight keep running).
 
 Every request in a backend's batch gets the same step times, so any class's TPOT
 sample measures the batch: the window holds them all.
+
+The prefill bound (SluiceLimiter.prefill_budget_tokens, which the dispatcher enforces) is
+on: the prompt tokens awaiting their first token on the backend are kept to what a TTFT
+of (1 - tail_margin) x prefill_share x the policy's tightest TTFT objective allows (0.45 s
+with the defaults), whichever classes are being served: a P0 request may come at any
+time, and it waits behind the prefill queued before it.
 """
 
 from __future__ import annotations
