@@ -40,7 +40,8 @@ Control:
     `cut_interval_s`; a latency or drop sample only cuts when its request was sent after
     the last cut (older ones describe the old limit); a hard signal only cuts when
     in-flight <= limit (the last cut has taken effect). One burst of bad signals costs one
-    cut, not a collapse to the minimum.
+    cut, not a collapse to the minimum. A cut the KV or engine cap would absorb (limit x
+    decrease still above the cap) is taken from the cap: the limit in force comes down.
   * Grow only on a good first-token sample (short <= ttft_grow_below, TPOT EWMA <=
     tpot_grow_below * target, no hard signal in the last scrape, KV usage below kv_low)
     and only while in-flight >= near_limit * usable_share * limit (usable_share = 1 -
@@ -54,6 +55,10 @@ Control:
     this backend's models: the mix that comes next. So the limit falls as soon as long
     prompts arrive, not once the short ones queued before them have been sent, and rises
     back only once the long ones queued have been sent.
+  * Prefill bound (off unless `prefill_ttft_s` is set; `slo` sets its own): the prompt
+    tokens awaiting their first token on the backend may not exceed what the expected
+    TTFT formula above allows within that target, with the lowest per-token TTFT of the
+    last `tpot_floor_s` (the dispatcher checks it per request).
   * Engine cap: an engine that refuses requests beyond a number in flight (TGI's
     max_concurrent_requests, from its /info) caps the limit there.
   * Shared backends (several gateway replicas, each with its own limiters): on each
