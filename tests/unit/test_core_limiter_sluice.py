@@ -428,17 +428,23 @@ def test_the_kv_cap_follows_the_footprint_of_the_requests_being_admitted() -> No
 def test_a_cut_lowers_the_limit_in_force_when_the_kv_cap_holds_the_latency_limit_above_it() -> None:
     # a short-prompt phase grew the latency limit to 100; long prompts make the KV cap the
     # limit in force (12): a TPOT cut from 100 (to 80) would change nothing
-    lim = limiter(initial=100, footprint_alpha=1.0)
+    lim = limiter(initial=100, footprint_alpha=1.0, cut_from_cap=True)
     lim.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
     lim.on_dispatch(12, 100, 0.0)
     assert (lim.latency_limit, lim.limit) == (100.0, 12)
     lim.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=0.0), 1.0)
     assert lim.latency_limit == pytest.approx(9.6)  # 0.8 x the 12 in force
     assert lim.limit == 9
+    # without it (sluice's default) the cut is absorbed: 80 is still above the cap
+    old = limiter(initial=100, footprint_alpha=1.0)
+    old.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
+    old.on_dispatch(12, 100, 0.0)
+    old.on_sample(Sample(e2e_s=1.0, dropped=True, sent_at=0.0), 1.0)
+    assert (old.latency_limit, old.limit) == (80.0, 12)
 
 
 def test_a_cut_the_kv_cap_does_not_absorb_acts_on_the_latency_limit() -> None:
-    lim = limiter(initial=14, footprint_alpha=1.0)
+    lim = limiter(initial=14, footprint_alpha=1.0, cut_from_cap=True)
     lim.on_metrics(BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16), 0.0)
     lim.on_dispatch(12, 100, 0.0)
     assert lim.limit == 12  # floor(1280 / 100) < 14

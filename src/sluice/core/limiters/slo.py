@@ -79,6 +79,7 @@ class SloLimiter(SluiceLimiter):
         prefill_share: float | None = 0.5,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("cut_from_cap", True)
         super().__init__(min_limit, max_limit, initial_limit, **kwargs)
         if not 0 <= tail_margin < 1:
             raise ValueError("tail_margin must be in [0, 1)")

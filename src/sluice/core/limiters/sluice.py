@@ -40,8 +40,9 @@ Control:
     `cut_interval_s`; a latency or drop sample only cuts when its request was sent after
     the last cut (older ones describe the old limit); a hard signal only cuts when
     in-flight <= limit (the last cut has taken effect). One burst of bad signals costs one
-    cut, not a collapse to the minimum. A cut the KV or engine cap would absorb (limit x
-    decrease still above the cap) is taken from the cap: the limit in force comes down.
+    cut, not a collapse to the minimum. With `cut_from_cap` (`slo` sets it), a cut the KV
+    or engine cap would absorb (limit x decrease still above the cap) is taken from the
+    cap: the limit in force comes down.
   * Grow only on a good first-token sample (short <= ttft_grow_below, TPOT EWMA <=
     tpot_grow_below * target, no hard signal in the last scrape, KV usage below kv_low)
     and only while in-flight >= near_limit * usable_share * limit (usable_share = 1 -
@@ -123,6 +124,7 @@ class SluiceLimiter(LimiterBase):
         fleet_prior_requests: float = 4.0,
         demand_footprint: Callable[[], float | None] | None = None,
         prefill_ttft_s: float | None = None,
+        cut_from_cap: bool = False,
         seed: int | str = 0,
     ) -> None:
         if not 1 <= min_limit <= initial_limit <= max_limit:
@@ -152,6 +154,7 @@ class SluiceLimiter(LimiterBase):
         self._waiting_before = False
         self.kv_budget_fraction = kv_budget_fraction
         self.prefill_ttft_s = prefill_ttft_s
+        self.cut_from_cap = cut_from_cap
 
         rng = random.Random(seed)
         self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
@@ -440,7 +443,7 @@ class SluiceLimiter(LimiterBase):
         # cap (a short-prompt phase grew it; long prompts made the cap the limit in
         # force), acts on the cap: the limit in force comes down.
         cut = self._limit * self.decrease
-        if cut >= self._cap:
+        if self.cut_from_cap and cut >= self._cap:
             cut = self._cap * self.decrease
         self._limit = max(float(self.min_limit), cut)
         self._last_cut_at = now
