@@ -330,7 +330,7 @@ class Controller:
         # what is ours in the scrape's KV usage (the rest is other replicas'), and our
         # part of the fleet's claim on what is left
         if hasattr(b.limiter, "own_kv_tokens"):
-            b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+            b.limiter.own_kv_tokens = float(b.inflight_tokens)
             b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
@@ -1048,9 +1048,9 @@ class Controller:
         d.set_reserved(policy.dispatcher.reserved.p0)
         for b in d.backends.values():
             if hasattr(b.limiter, "usable_share"):
-                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0  # type: ignore[attr-defined]
+                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0
             if hasattr(b.limiter, "objectives"):
-                b.limiter.objectives = policy.objectives()  # type: ignore[attr-defined]
+                b.limiter.objectives = policy.objectives()
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():
@@ -1058,7 +1058,7 @@ class Controller:
                 b.limiter.on_release(b.inflight, now)
                 if b.metrics_fresh and b.last_metrics is not None:
                     if hasattr(b.limiter, "own_kv_tokens"):
-                        b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+                        b.limiter.own_kv_tokens = float(b.inflight_tokens)
                         b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)

@@ -353,8 +353,8 @@ class Dispatcher:
                 if not q.by_arrival:
                     continue
                 full = q.priority == 0 or (guard and q is q1)
-                if q.parked and (b := self._place_parked(q, full, blocked, now)) is not None:
-                    placed.append(b)
+                if q.parked and (took := self._place_parked(q, full, blocked, now)) is not None:
+                    placed.append(took)
                     progress = True
                     break
                 rec = q.peek()

@@ -96,7 +96,7 @@ class Relay:
             try:
                 if route.plain_post:  # most routes: POST a JSON body to a fixed path
                     call = self._session.post(
-                        backend.url + route.upstream_path, data=ctx.body, headers=headers
+                        backend.url + (route.upstream_path or ""), data=ctx.body, headers=headers
                     )
                 else:
                     call = self._call(ctx, headers)

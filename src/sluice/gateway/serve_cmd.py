@@ -206,7 +206,7 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
         if embedded is not None:
             await embedded.stop()
         raise ListenError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
-    port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[attr-defined]
     if worker is None:
         print(f"Sluice listening on http://{args.host}:{port}", flush=True)
     else:
