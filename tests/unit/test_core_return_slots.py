@@ -12,6 +12,7 @@ from sluice.config import Policy
 from sluice.core.class_queue import ClassQueue
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
+from sluice.core.dispatcher import low_cap, return_cap
 from sluice.core.request_record import RequestRecord
 from sluice.core.return_slots import ReturnLedger
 from sluice.core.types import Outcome, RejectCode, RequestInfo
@@ -344,7 +345,8 @@ def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait
 
 def test_a_return_never_takes_a_slot_reserved_for_p0() -> None:
     # issue 17, real-mode burst: P0 lost its SLO beside the rule before. A booked return
-    # is P2 traffic: it gets the lower classes' slots only (cap_low), never P0's reserve.
+    # is P2 traffic: it gets the lower classes' slots only, never P0's reserve, and not
+    # their last one either (return_cap: 2 of 4 here).
     doc = policy().model_dump(by_alias=True)
     doc["limiter"]["fixedLimit"] = 4
     doc["dispatcher"]["reserved"]["p0"] = 0.25  # cap_low 3: one slot is P0's
@@ -371,5 +373,15 @@ def test_a_return_never_takes_a_slot_reserved_for_p0() -> None:
     c.on_finish(inflight[0], Outcome.OK, 100, 10)
     assert c.step().assignments == []  # 3 in flight again: still nothing for P2
     c.on_finish(inflight[1], Outcome.OK, 100, 10)
-    # under cap_low: the return goes first, ahead of the fresh request queued before it
-    assert [a.request_id for a in c.step().assignments] == ["r.1"]
+    # 2 in flight, under cap_low, but a return leaves the lower classes' last slot (the
+    # one a cut to 3 would take back): it waits, and the fresh request behind it too
+    assert c.step().assignments == []
+    c.on_finish(inflight[2], Outcome.OK, 100, 10)
+    # the return first, ahead of the fresh request queued before it came back
+    assert [a.request_id for a in c.step().assignments] == ["r.1", "queued"]
+
+
+def test_a_return_leaves_the_lower_classes_last_slot() -> None:
+    assert return_cap(10, low_cap(10, 0.2)) == 7  # cap_low 8
+    assert return_cap(2, low_cap(2, 0.2)) == 1  # cap_low 1: at least one
+    assert return_cap(10, low_cap(10, 0.0)) == 10  # no reserve for P0: nothing to leave
