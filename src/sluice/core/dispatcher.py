@@ -10,11 +10,10 @@ Rules (docs/overload.md):
   * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
     lower classes' last slot too, where P0 has a reserve: it is placed only while a
     backend has fewer than return_cap = max(1, cap_low - 1) in flight (cap_low with no
-    reserve). Returns are let in past the pressure
-    rules, so during a burst they are a standing backlog that would take every slot the
-    moment it opens, the one a growing limit just added included; when the limiter cuts
-    back, the slots they hold stay held until they end and P0 waits (issue 17: P0 in the
-    real-mode burst, docs/bench.md).
+    reserve). Returns are let in past the pressure rules, so during a burst they are a
+    standing backlog that would take every slot the moment it opens, the one a growing
+    limit just added included; when the limiter cuts back, the slots they hold stay held
+    until they end and P0 waits (issue 17: P0 in the real-mode burst, docs/bench.md).
   * Aging guard: while P0 has requests waiting and P1's oldest request has waited longer
     than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
