@@ -25,6 +25,7 @@ nothing else, the assignment comes back in the Admission and the step is not nee
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -40,7 +41,12 @@ from sluice.core.limiters import Limiter, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
-from sluice.core.retry_after import DrainEstimator, refusal_excess
+from sluice.core.retry_after import (
+    MIN_RETRY_AFTER_S,
+    DrainEstimator,
+    deadline_code,
+    refusal_excess,
+)
 from sluice.core.return_slots import Offer, ReturnLedger
 from sluice.core.token_cost import TokenCostModel
 from sluice.core.types import (
@@ -391,7 +397,10 @@ class Controller:
         quota = self._quotas.acquire(req.tenant, charge, now)
         if not quota.ok:
             retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
-            return self._refuse(counters, RejectCode.TENANT_QUOTA, retry)
+            code = deadline_code(RejectCode.TENANT_QUOTA, retry, now, _give_up_at(req))
+            if code is RejectCode.CANNOT_SERVE_IN_TIME:
+                self._returns[prio].unservable += 1
+            return self._refuse(counters, code, retry)
 
         policy = q.policy
         patience = policy.timeout
@@ -517,6 +526,8 @@ class Controller:
             return Refusal(code, self._retry_after(prio, now, code, patience))
         ledger = self._ledger
         not_after = None if give_up_at is None else give_up_at - self._ttft.get(0.0)
+        if give_up_at is not None and give_up_at - now < MIN_RETRY_AFTER_S:
+            not_after = -math.inf  # no whole-second Retry-After fits in what is left
         offer = self._offer(prio, now, tenant, not_after)
         returns = self._returns[prio]
         if offer.booking is not None:

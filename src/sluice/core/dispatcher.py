@@ -7,6 +7,13 @@ Rules (docs/overload.md):
   * Reserved P0 slots: P1 and P2 may fill a backend only up to
     cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
     (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget.
+  * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
+    lower classes' last slot too, where P0 has a reserve: it is placed only while a
+    backend has fewer than return_cap = max(1, cap_low - 1) in flight (cap_low with no
+    reserve). Returns are let in past the pressure rules, so during a burst they are a
+    standing backlog that would take every slot the moment it opens, the one a growing
+    limit just added included; when the limiter cuts back, the slots they hold stay held
+    until they end and P0 waits (issue 17: P0 in the real-mode burst, docs/bench.md).
   * Aging guard: while P0 has requests waiting and P1's oldest request has waited longer
     than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
@@ -48,6 +55,11 @@ from sluice.core.request_record import RequestRecord
 def low_cap(limit: int, reserved_p0: float) -> int:
     """In-flight requests P1/P2 may have on a backend of this limit."""
     return max(1, math.floor(limit * (1.0 - reserved_p0) + 1e-9))
+
+
+def return_cap(limit: int, cap_low: int) -> int:
+    """In-flight requests below which a P1/P2 return may be placed (module docstring)."""
+    return cap_low if cap_low >= limit else max(1, cap_low - 1)
 
 
 class Dispatcher:
@@ -253,8 +265,11 @@ class Dispatcher:
         share = 1.0 if full_rights else 1.0 - self.reserved_p0
         model = rec.model
         cost = rec.cost
+        a_return = rec.returning and not full_rights
         best: BackendState | None = None
         for b in cands.values():
+            if a_return and b.inflight >= return_cap(b.limit, b.cap_low):
+                continue
             models = b.models
             if models:
                 if model not in models:
