@@ -397,10 +397,10 @@ class Controller:
         quota = self._quotas.acquire(req.tenant, charge, now)
         if not quota.ok:
             retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
-            code = deadline_code(RejectCode.TENANT_QUOTA, retry, now, _give_up_at(req))
-            if code is RejectCode.CANNOT_SERVE_IN_TIME:
+            quota_code = deadline_code(RejectCode.TENANT_QUOTA, retry, now, _give_up_at(req))
+            if quota_code is RejectCode.CANNOT_SERVE_IN_TIME:
                 self._returns[prio].unservable += 1
-            return self._refuse(counters, code, retry)
+            return self._refuse(counters, quota_code, retry)
 
         policy = q.policy
         patience = policy.timeout
