@@ -2,17 +2,20 @@
 one `sluice sim`, `sluice serve` in front of it, and requests sent one at a time,
 alternating between the simulator itself and the gateway (the order within each pair
 drawn at random), so both arms see the same engine, the same machine load and the same
-moment. Optional background streams (`--background N`, through the gateway, one per
-slot, each of `--output-tokens` tokens) keep the relay busy as guidellm's decoding
-streams do.
+moment. Optional background streams (`--background N` through each gateway arm, each of
+`--output-tokens` tokens) keep the relay busy as guidellm's decoding streams do.
+`--compare-src DIR` adds a third arm, `base`: a gateway run from another source tree's
+src/ (e.g. `git archive` of the commit before a change), so that a change is measured
+before and after in the same run.
 
     python bench/adversarial/ttft_pair.py [--pairs 200] [--gap-ms 50] [--background 0]
         [--profile h100-llama3-8b] [--prompt-tokens 256] [--output-tokens 16]
+        [--compare-src /tmp/base/src]
 
 TTFT is what guidellm measures: from sending the request to the first event that
 carries content. Also reported: the time to the answer's head (status line). Prints
-one JSON object: per arm the median, mean, p90 of each, and the median of the per-pair
-difference (gateway minus direct), with the machine's busy fraction."""
+one JSON object: per arm the median, mean, p90 of each, and the median of the per-round
+difference (each gateway minus direct), with the machine's busy fraction."""
 
 from __future__ import annotations
 
@@ -86,21 +89,27 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
-async def measure(args: argparse.Namespace, direct: str, gateway: str) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    arms = {"direct": (direct, None), "sluice": (gateway, KEY)}
+    arms = {name: (url, None if name == "direct" else KEY) for name, url in urls.items()}
     heads: dict[str, list[float]] = {a: [] for a in arms}
     firsts: dict[str, list[float]] = {a: [] for a in arms}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         stop = asyncio.Event()
 
-        async def background() -> None:
+        async def background(url: str) -> None:
             data = body(args.prompt_tokens, args.output_tokens, 3)
             while not stop.is_set():
-                await one(session, gateway, data, KEY)
+                await one(session, url, data, KEY)
 
-        bg = [asyncio.create_task(background()) for _ in range(args.background)]
+        # as many through each gateway arm (the direct arm's engine sees them all)
+        bg = [
+            asyncio.create_task(background(url))
+            for name, url in urls.items()
+            if name != "direct"
+            for _ in range(args.background)
+        ]
         for url, key in arms.values():  # warm both connections (and the limiter)
             for i in range(5):
                 await one(session, url, body(args.prompt_tokens, 4, i), key)
@@ -117,14 +126,19 @@ async def measure(args: argparse.Namespace, direct: str, gateway: str) -> dict[s
                 await asyncio.sleep(args.gap_ms / 1000)
         stop.set()
         await asyncio.gather(*bg)
-    diffs = [s - d for s, d in zip(firsts["sluice"], firsts["direct"], strict=True)]
+    direct_ttft = firsts["direct"]
+    gateways = [a for a in arms if a != "direct"]
     return {
         "ttft_ms": {a: _stats(v) for a, v in firsts.items()},
         "head_ms": {a: _stats(v) for a, v in heads.items()},
-        "ttft_added_ms_median_of_pairs": round(statistics.median(diffs) * 1000, 3),
-        "ttft_ratio_median": round(
-            statistics.median(firsts["sluice"]) / statistics.median(firsts["direct"]), 3
-        ),
+        "ttft_added_ms_median_of_rounds": {
+            a: round(statistics.median(map(float.__sub__, firsts[a], direct_ttft)) * 1000, 3)
+            for a in gateways
+        },
+        "ttft_ratio_median": {
+            a: round(statistics.median(firsts[a]) / statistics.median(direct_ttft), 3)
+            for a in gateways
+        },
     }
 
 
@@ -132,25 +146,36 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=200)
     p.add_argument("--gap-ms", type=float, default=50.0, help="idle time after each request")
-    p.add_argument("--background", type=int, default=0, help="streams kept going alongside")
+    p.add_argument("--background", type=int, default=0, help="streams kept going, per gateway")
     p.add_argument("--profile", default="h100-llama3-8b")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--gateway-arg", action="append", default=[], help="passed to sluice serve")
+    p.add_argument("--compare-src", type=Path, help="a `base` arm: the gateway from this src/")
     args = p.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="sluice-ttft-"))
     sim = start_sim("--profile", args.profile, "--seed", "7")
-    gw = start_gateway(
-        POLICY.format(key=KEY, sim=sim.url), folder, "--no-access-log", *args.gateway_arg
-    )
+    policy = POLICY.format(key=KEY, sim=sim.url)
+    sources = {"sluice": None, "base": args.compare_src} if args.compare_src else {"sluice": None}
+    gateways = {
+        name: start_gateway(
+            policy,
+            Path(tempfile.mkdtemp(prefix=f"sluice-ttft-{name}-")),
+            "--no-access-log",
+            *args.gateway_arg,
+            src=src,
+        )
+        for name, src in sources.items()
+    }
     try:
+        urls = {"direct": sim.url, **{name: gw.url for name, gw in gateways.items()}}
         with BusySampler() as busy:
-            result = uvloop.run(measure(args, sim.url, gw.url))
+            result = uvloop.run(measure(args, urls))
     finally:
-        gw.stop()
+        for gw in gateways.values():
+            gw.stop()
         sim.stop()
-    result["settings"] = {k: v for k, v in vars(args).items() if k != "gateway_arg"}
+    result["settings"] = {k: str(v) for k, v in vars(args).items() if k != "gateway_arg"}
     result["busy_fraction_mean"] = round(statistics.fmean(busy.samples or [0.0]), 3)
     print(json.dumps(result, indent=1))
     return 0
