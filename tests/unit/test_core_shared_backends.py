@@ -74,6 +74,12 @@ def test_an_empty_shared_backend_is_not_a_free_one() -> None:
     assert send(controller(SharedLimiter(0.0, draw=0.0)), "a") == []
 
 
+def test_on_a_backend_that_looked_idle_one_request_needs_no_draw() -> None:
+    c = controller(SharedLimiter(10.0, draw=0.99, room=float("inf")))
+    assert send(c, "a") == ["a"]  # a fresh gateway starts at once
+    assert send(c, "b") == []  # the next one is past the claim: the draw decides
+
+
 def test_the_request_must_fit_the_room_the_scrape_showed() -> None:
     assert send(controller(SharedLimiter(100.0, draw=0.0, room=COST - 1)), "a") == []
     assert send(controller(SharedLimiter(100.0, draw=0.0, room=COST)), "a") == ["a"]

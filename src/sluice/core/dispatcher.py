@@ -38,8 +38,10 @@ Rules (docs/overload.md):
     room the scrape showed has it (a request larger than the whole budget: only when the
     backend looked idle); then r < 0 until ours end: one request past the claim at most.
     P1/P2 do so with half those odds (`LOW_OVERDRAFT`), P0 up to the limiter's floor,
-    its replica's part of the whole budget, besides. "Too large for every budget" is
-    judged against the backends' whole budgets.
+    its replica's part of the whole budget, besides. On a backend the scrape showed idle,
+    the one request past the claim needs no draw (a fresh gateway, alone or not, starts
+    at once; R replicas put at most R requests past their claims there, as on any
+    backend). "Too large for every budget" is judged against the backends' whole budgets.
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
 dispatch call with no free slot is O(1) and a placement is O(backends with a free slot).
@@ -287,7 +289,7 @@ class Dispatcher:
                 if shared is None:
                     if b.inflight:  # alone: an empty backend takes any request
                         continue
-                else:
+                elif not (b.inflight == 0 and shared.room_tokens == math.inf):
                     left = budget * share - b.inflight_tokens
                     odds = 1.0 if full_rights else LOW_OVERDRAFT
                     if (
