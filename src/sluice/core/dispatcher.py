@@ -56,7 +56,6 @@ from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.request_record import RequestRecord
 
-
 # P1/P2 take a request past their claim on a shared backend with this part of the odds:
 # what they leave of the fleet's claims is in the room the next scrapes show, for the P0
 # requests of whichever replica has them (each replica's priorities are its own: without
