@@ -19,9 +19,16 @@ COST = 300  # a request of 250 prompt tokens and at most 100 more: 250 + 50 expe
 class SharedLimiter(LimiterBase):
     """A claim of `budget` tokens on a backend with `room` tokens of room for us."""
 
-    def __init__(self, budget: float, draw: float, room: float = 3000.0, floor: float = 0.0):
+    def __init__(
+        self,
+        budget: float,
+        draw: float,
+        room: float = 3000.0,
+        floor: float = 0.0,
+        first_free: bool = False,
+    ) -> None:
         self.budget = budget
-        self.shared = SharedRoom(draw, room, 3000.0, floor)
+        self.shared = SharedRoom(draw, room, 3000.0, floor, first_free)
 
     @property
     def limit(self) -> int:
@@ -74,10 +81,12 @@ def test_an_empty_shared_backend_is_not_a_free_one() -> None:
     assert send(controller(SharedLimiter(0.0, draw=0.0)), "a") == []
 
 
-def test_on_a_backend_that_looked_idle_one_request_needs_no_draw() -> None:
-    c = controller(SharedLimiter(10.0, draw=0.99, room=float("inf")))
-    assert send(c, "a") == ["a"]  # a fresh gateway starts at once
+def test_a_fresh_gateway_sends_one_request_into_an_idle_backend_without_a_draw() -> None:
+    c = controller(SharedLimiter(10.0, draw=0.99, room=float("inf"), first_free=True))
+    assert send(c, "a") == ["a"]  # it starts at once
     assert send(c, "b") == []  # the next one is past the claim: the draw decides
+    # one that knows the fleet (a count, or scrapes that showed requests) draws
+    assert send(controller(SharedLimiter(10.0, draw=0.99, room=float("inf"))), "a") == []
 
 
 def test_the_request_must_fit_the_room_the_scrape_showed() -> None:
@@ -125,6 +134,7 @@ def test_a_shared_limiter_keeps_back_the_spread_of_the_replicas_draws() -> None:
     assert shared.room_tokens == float("inf")  # it looked idle
     assert lim.kv_budget_tokens == (0.8 * 4096 - 2 * COST) / 16  # our part of an idle one
     assert shared.floor_tokens == lim.kv_budget_tokens
+    assert not shared.first_free  # the controller says when the share is a bare prior
     assert lim.limit == 1  # part of a request, rounded up: the budget and the draw decide
     alone = _limiter_on(0.0, share=1.0)
     assert alone.kv_shared is None and alone.kv_budget_tokens == 0.8 * 4096

@@ -331,6 +331,7 @@ class Controller:
         if hasattr(b.limiter, "own_kv_tokens"):
             b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
             b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+            b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
         )
@@ -1059,6 +1060,7 @@ class Controller:
                     if hasattr(b.limiter, "own_kv_tokens"):
                         b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
                         b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+                        b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
 

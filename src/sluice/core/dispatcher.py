@@ -39,9 +39,12 @@ Rules (docs/overload.md):
     backend looked idle); then r < 0 until ours end: one request past the claim at most.
     P1/P2 do so with half those odds (`LOW_OVERDRAFT`), P0 up to the limiter's floor,
     its replica's part of the whole budget, besides. On a backend the scrape showed idle,
-    the one request past the claim needs no draw (a fresh gateway, alone or not, starts
-    at once; R replicas put at most R requests past their claims there, as on any
-    backend). "Too large for every budget" is judged against the backends' whole budgets.
+    a replica that knows nothing of the fleet yet (no count, no scrape that showed
+    requests) sends its one request past the claim without a draw: a fresh gateway,
+    alone or not, starts at once (R fresh replicas put at most R requests past their
+    claims there, as on any backend; later, 8 replicas each doing so on the idle
+    engines of a quiet night put 8 requests on engines of 10 when the day came). "Too
+    large for every budget" is judged against the backends' whole budgets.
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
 dispatch call with no free slot is O(1) and a placement is O(backends with a free slot).
@@ -288,7 +291,7 @@ class Dispatcher:
                 if shared is None:
                     if b.inflight:  # alone: an empty backend takes any request
                         continue
-                elif not (b.inflight == 0 and shared.room_tokens == math.inf):
+                elif not (b.inflight == 0 and shared.first_free):
                     left = budget * share - b.inflight_tokens
                     odds = 1.0 if full_rights else LOW_OVERDRAFT
                     if (

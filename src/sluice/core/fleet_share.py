@@ -101,6 +101,11 @@ class FleetShare:
         return max(self.prior, self.estimate)
 
     @property
+    def fresh(self) -> bool:
+        """Nothing known of the fleet yet: no count, no scrape that showed a request."""
+        return self._processes is None and self._on <= 0
+
+    @property
     def estimate(self) -> float:
         """What the scrapes say: our requests over all they showed, from the prior."""
         w = self.prior_weight * self._kept

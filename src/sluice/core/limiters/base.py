@@ -31,6 +31,7 @@ class SharedRoom(NamedTuple):
     room_tokens: float
     full_tokens: float
     floor_tokens: float = 0.0
+    first_free: bool = False  # it looked idle and we know nothing of the fleet yet
 
 
 class Limiter(Protocol):

@@ -184,6 +184,8 @@ class SluiceLimiter(LimiterBase):
         # Our part of the fleet of gateways in front of this backend (1: alone); the
         # controller sets it before each on_metrics (core/fleet_share.py).
         self.fleet_share = 1.0
+        # ... and whether that share is a bare prior (no count, no scrape evidence yet)
+        self.fleet_fresh = False
         self.fleet_prior_requests = fleet_prior_requests
         self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
         self._shared: SharedRoom | None = None  # ... when other replicas use the backend
@@ -420,7 +422,8 @@ class SluiceLimiter(LimiterBase):
         floor = share * full
         idle = on_backend <= 0 and m.kv_usage <= 0
         room_tokens = math.inf if idle else own + room
-        return claim, SharedRoom(self._fleet_rng.random(), room_tokens, full, floor)
+        first = idle and self.fleet_fresh
+        return claim, SharedRoom(self._fleet_rng.random(), room_tokens, full, floor, first)
 
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
