@@ -293,6 +293,8 @@ class FleetSection(_Model):
     scrape_interval: Duration | None = Field(default=None, gt=0)  # None: the default 250 ms
     scrape_lag: LagSpec | None = None  # each scrape's round trip
     clock_skew: Duration = Field(default=0.0, ge=0)
+    # each replica knows how many are live (as Redis's count of the processes tells them)
+    known_peers: bool = False
     rolling_restart: RollingRestartSpec | None = None
     sweep: FleetSweepSpec = FleetSweepSpec()
 

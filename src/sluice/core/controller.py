@@ -330,14 +330,14 @@ class Controller:
             b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
         if m.running is not None:
             on_backend = m.running + (m.waiting or 0.0)
-            self._fleet.observe(b.inflight - b.fresh, b.inflight, on_backend, self._clock.now())
-        b.scrapes += 1
-        b.fresh = 0
+            self._fleet.observe(b.inflight, b.left, on_backend, self._clock.now())
+        b.left = 0
         # what is ours in the scrape's KV usage (the rest is other replicas'), and our
         # part of the fleet's claim on what is left
         if hasattr(b.limiter, "own_kv_tokens"):
             b.limiter.own_kv_tokens = float(b.inflight_tokens)
             b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+            b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
         )
@@ -959,8 +959,8 @@ class Controller:
         return self._fleet.value
 
     def expect_peers(self, processes: int) -> None:
-        """`processes` gateway processes are alive (Redis's count): what a replica
-        assumes its part of the fleet is before its scrapes have shown it."""
+        """`processes` gateway processes are alive (`--workers`, Redis's count): this
+        one's part of the fleet is 1/processes (core/fleet_share.py)."""
         self._fleet.expect_peers(processes)
 
     def state_of(self, request_id: str) -> RequestState:
@@ -1071,6 +1071,7 @@ class Controller:
                     if hasattr(b.limiter, "own_kv_tokens"):
                         b.limiter.own_kv_tokens = float(b.inflight_tokens)
                         b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+                        b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
 

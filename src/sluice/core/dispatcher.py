@@ -37,6 +37,21 @@ Rules (docs/overload.md):
     slot on that one; at the head of its class it holds its class back until then (a
     slot frees with the next finish there), not the lower classes. A backend with nothing
     in flight takes any request whatever its KV budget (or it could never serve it).
+  * Shared backends (other gateway replicas send to them too: the limiter's `kv_shared`):
+    the budget is this replica's claim on the backend's room, often part of one request,
+    and having nothing in flight there does not make the backend empty. A request past
+    what is left r of the claim goes when the scrape's draw u has u * cost < r (with
+    probability r / cost: the replicas' claims add up to the room in expectation) and the
+    room the scrape showed has it (a request larger than the whole budget: only when the
+    backend looked idle); then r < 0 until ours end: one request past the claim at most.
+    P1/P2 do so with half those odds (`LOW_OVERDRAFT`), P0 up to the limiter's floor,
+    its replica's part of the whole budget, besides. On a backend the scrape showed idle,
+    a replica that knows nothing of the fleet yet (no count, no scrape that showed
+    requests) sends its one request past the claim without a draw: a fresh gateway,
+    alone or not, starts at once (R fresh replicas put at most R requests past their
+    claims there, as on any backend; later, 8 replicas each doing so on the idle
+    engines of a quiet night put 8 requests on engines of 10 when the day came). "Too
+    large for every budget" is judged against the backends' whole budgets.
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
 dispatch call with no free slot is O(1) and a placement is O(backends with a free slot).
@@ -50,6 +65,12 @@ from collections.abc import Sequence
 from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.request_record import RequestRecord
+
+# P1/P2 take a request past their claim on a shared backend with this part of the odds:
+# what they leave of the fleet's claims is in the room the next scrapes show, for the P0
+# requests of whichever replica has them (each replica's priorities are its own: without
+# this, one replica's P2 took the room another's P0 was waiting for).
+LOW_OVERDRAFT = 0.5
 
 
 def low_cap(limit: int, reserved_p0: float) -> int:
@@ -152,7 +173,8 @@ class Dispatcher:
         for b in self.backends.values():
             if not b.healthy or b.removed or (b.models and model not in b.models):
                 continue
-            budget = b.kv_budget
+            shared = b.kv_shared
+            budget = b.kv_budget if shared is None else shared.full_tokens
             if budget is None or rec.cost <= budget * share:
                 return False
             found = True
@@ -180,6 +202,7 @@ class Dispatcher:
             b.limit = limit
             b.cap_low = low_cap(limit, self.reserved_p0)
         b.kv_budget = limiter.kv_budget_tokens
+        b.kv_shared = limiter.kv_shared
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -219,8 +242,6 @@ class Dispatcher:
         b.inflight += 1
         b.inflight_by_class[rec.priority] += 1
         b.inflight_tokens += rec.cost
-        b.fresh += 1
-        rec.epoch = b.scrapes
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
         b.prefill_tokens += rec.prompt_est
@@ -236,8 +257,7 @@ class Dispatcher:
         b.inflight -= 1
         b.inflight_by_class[rec.priority] -= 1
         b.inflight_tokens -= rec.cost
-        if rec.epoch == b.scrapes:
-            b.fresh -= 1
+        b.left += 1
         if rec.first_token_at is None:
             self.prefilled(rec)
         if b.inflight == 0:
@@ -279,8 +299,22 @@ class Dispatcher:
             elif blocked_models:
                 continue
             budget = b.kv_budget
-            if budget is not None and b.inflight and b.inflight_tokens + cost > budget * share:
-                continue
+            shared = b.kv_shared
+            if shared is not None and full_rights and budget is not None:
+                budget = max(budget, shared.floor_tokens)
+            if budget is not None and b.inflight_tokens + cost > budget * share:
+                if shared is None:
+                    if b.inflight:  # alone: an empty backend takes any request
+                        continue
+                elif not (b.inflight == 0 and shared.first_free):
+                    left = budget * share - b.inflight_tokens
+                    odds = 1.0 if full_rights else LOW_OVERDRAFT
+                    if (
+                        left <= 0
+                        or shared.draw * cost >= odds * left
+                        or b.inflight_tokens + cost > shared.room_tokens * share
+                    ):
+                        continue
             if best is None:
                 best = b
             elif b.inflight != best.inflight:

@@ -171,8 +171,8 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
     app = create_app(policy, args.config, override or None)
     gateway = app[GATEWAY_KEY]
     if args.workers > 1:
-        # the workers share the backends: before its scrapes say better, each assumes it
-        # is one of them (core/fleet_share.py)
+        # the workers share the backends: each claims 1/N of them (core/fleet_share.py;
+        # with Redis, its count of the live processes replaces N at each heartbeat)
         gateway.controller.expect_peers(args.workers)
     _check_descriptors(policy.server.max_connections)
     runner = GatewayRunner(
