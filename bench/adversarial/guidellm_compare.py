@@ -16,11 +16,13 @@ arm's guidellm JSON, and DIR/ttft.png."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,13 @@ def main() -> int:
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, default=Path("reports/guidellm"))
     p.add_argument(
+        "--scrape-direct",
+        action="store_true",
+        help="scrape the direct arm's simulator's /metrics as the gateway scrapes its own "
+        "(every scraper.interval, 0.25 s): both engines then pay for a scrape, and the "
+        "ratio is the relay's alone",
+    )
+    p.add_argument(
         "--one-after-the-other",
         action="store_true",
         help="run the arms in turn, not at once (on 2 cores two guidellm runs saturate them)",
@@ -119,7 +128,8 @@ def main() -> int:
     print(f"{arms}; {args.seconds:.0f} s at {args.rate}/s each", flush=True)
     try:
         t0 = time.monotonic()
-        with BusySampler() as busy:
+        scraper = _Scraper(sims[0].url) if args.scrape_direct else contextlib.nullcontext()
+        with BusySampler() as busy, scraper:
             targets = {"direct": (sims[0].url, None), "sluice": (gw.url, KEY)}
             runs: dict[str, subprocess.Popen[bytes]] = {}
             codes: dict[str, int] = {}
@@ -130,6 +140,7 @@ def main() -> int:
             for name, proc in runs.items():
                 codes[name] = proc.wait(args.seconds * 4 + 300)
         elapsed = time.monotonic() - t0
+        gateway_view = _gateway_view(gw.url)
     finally:
         gw.stop()
         for s in sims:
@@ -150,6 +161,8 @@ def main() -> int:
         "seconds": round(elapsed, 1),
         "arms": arms,
         "ttft_ratio_sluice_over_direct": {k: round(v, 3) for k, v in ratio.items()},
+        # whether the gateway queued anyone (its limiter below the offered concurrency)
+        "gateway": gateway_view,
         "cpu": {
             "busy_fraction_max": round(max(busy.samples, default=0.0), 3),
             "busy_fraction_mean": round(sum(busy.samples) / max(1, len(busy.samples)), 3),
@@ -161,6 +174,56 @@ def main() -> int:
     _plot(arms, args.out / "ttft.png")
     print(json.dumps(result, indent=1))
     return 0 if ok else 1
+
+
+class _Scraper:
+    """GET url/metrics every `interval` s in a thread, as the gateway's scraper does."""
+
+    def __init__(self, url: str, interval: float = 0.25) -> None:
+        self.url, self.interval = url + "/metrics", interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(self.interval):
+                with contextlib.suppress(httpx.HTTPError):
+                    client.get(self.url)
+
+    def __enter__(self) -> _Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _gateway_view(url: str) -> dict[str, float]:
+    """From the gateway's /metrics: the requests that waited in its queue over 25 ms (its
+    smallest bucket), the mean wait, and the backend's adaptive limit at the end."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    total = fast = wait_sum = limit = 0.0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("sluice_queue_wait_seconds_count{"):
+            total += float(value)
+        elif name.startswith("sluice_queue_wait_seconds_sum{"):
+            wait_sum += float(value)
+        elif name.startswith("sluice_queue_wait_seconds_bucket{") and 'le="0.025"' in name:
+            fast += float(value)
+        elif name.startswith("sluice_backend_limit{"):
+            limit += float(value)
+    return {
+        "requests": total,
+        "queued_over_25ms": total - fast,
+        "queue_wait_ms_mean": round(wait_sum / max(1.0, total) * 1000, 3),
+        "backend_limit_at_end": limit,
+    }
 
 
 def _plot(arms: dict[str, dict[str, Any]], path: Path) -> None:

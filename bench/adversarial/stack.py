@@ -87,13 +87,16 @@ def start_sim(*args: str, log: Path | None = None) -> Proc:
     return Proc(proc, url, log)
 
 
-def start_gateway(policy: str, folder: Path, *args: str) -> Proc:
-    """`sluice serve` on the policy text, JSON logs captured in folder/gateway.log."""
+def start_gateway(policy: str, folder: Path, *args: str, src: Path | None = None) -> Proc:
+    """`sluice serve` on the policy text, JSON logs captured in folder/gateway.log; from
+    another source tree's `src/` if given (a before/after comparison in one run)."""
     path = folder / "policy.yaml"
     path.write_text(policy)
     log = folder / "gateway.log"
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
     proc = subprocess.Popen(
         _sluice("serve", "--config", str(path), "--port", str(port), "--log-format", "json", *args),
         stdout=open(log, "wb"),  # noqa: SIM115

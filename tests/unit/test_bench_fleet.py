@@ -36,6 +36,7 @@ fleet:
   balance: least-connections
   scrapeLag: {p50: 5ms, p99: 40ms}
   clockSkew: 100s
+  knownPeers: true
   rollingRestart: {at: 3s, every: 1s, propagation: 0.5s, preStop: 1s, grace: 10s}
 """
 

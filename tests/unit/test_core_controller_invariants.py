@@ -11,6 +11,7 @@ from sluice.config import LimiterPolicy, Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.limiters import Limiter, LimiterBase, make_limiter
+from sluice.core.limiters.base import SharedRoom
 from sluice.core.request_record import RequestState
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
 
@@ -105,6 +106,10 @@ class CheckedLimiter(LimiterBase):
     @property
     def kv_budget_tokens(self) -> float | None:
         return self.inner.kv_budget_tokens
+
+    @property
+    def kv_shared(self) -> SharedRoom | None:
+        return self.inner.kv_shared
 
     def on_sample(self, sample: Sample, now: float) -> None:
         self.inner.on_sample(sample, now)

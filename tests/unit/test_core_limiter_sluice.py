@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sluice.core.limiters import SluiceLimiter
@@ -312,6 +314,12 @@ def test_describe_is_plain_data() -> None:
 TINY_KV = {"num_gpu_blocks": 256, "block_size": 16}
 
 
+def kept(share: float, footprint: float = 360.0) -> float:
+    """The shared budget: 3,276.8 less the spread of the replicas' draws, sqrt(R) / 2
+    requests of our footprint for R = 1 / share (limiters/sluice.py)."""
+    return 3276.8 - 0.5 * math.sqrt(1.0 / share) * footprint
+
+
 def shared(own_requests: int, footprint: int = 360, fleet_share: float = 0.25) -> SluiceLimiter:
     lim = limiter()
     lim.on_metrics(BackendMetrics(at=0.0, **TINY_KV), 0.0)  # type: ignore[arg-type]
@@ -352,14 +360,16 @@ def test_replicas_starting_on_an_idle_backend_claim_its_room_once_between_them(
 def test_with_other_replicas_we_claim_our_share_of_the_room_left_by_their_requests() -> None:
     lim = shared(3, fleet_share=1 / 3)
     # 9 requests there, 3 ours: the others' 6 will hold 6 * 360 tokens (more than the
-    # 2,048 - 1,080 of the usage that is not ours yet); 36.8 tokens of room are left, of
-    # which we claim (3 + 4 * 1/3) / (9 + 4) = 1/3
+    # 2,048 - 1,080 of the usage that is not ours yet); the room left is kept(1/3) -
+    # 1,080 - 2,160 (negative: 275 too many), of which our part is
+    # (3 + 4 * 1/3) / (9 + 4) = 1/3
     scrape(lim, running=8, waiting=1, kv_usage=0.5)
-    assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)  # 1,092.27
-    assert lim.limit == 3  # floor(1092.27 / 360)
+    claim = 1080 + (kept(1 / 3) - 1080 - 2160) / 3
+    assert lim.kv_budget_tokens == pytest.approx(claim)  # 988.3
+    assert lim.limit == 3  # ceil(988.3 / 360): shared, the budget decides
     # the budget holds until the next scrape: one of ours leaving frees its room to us
     lim.on_release(2, 1.1)
-    assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)
+    assert lim.kv_budget_tokens == pytest.approx(claim)
 
 
 def test_our_claim_leans_toward_our_part_of_the_fleet_on_a_backend_with_few_requests() -> None:
@@ -368,7 +378,7 @@ def test_our_claim_leans_toward_our_part_of_the_fleet_on_a_backend_with_few_requ
     # ours (819.2 - 720) counts as the others'
     lim = shared(2, fleet_share=0.25)
     scrape(lim, running=2, kv_usage=0.2)
-    assert lim.kv_budget_tokens == pytest.approx(720 + (3276.8 - 720 - 99.2) / 2)  # 1,948.8
+    assert lim.kv_budget_tokens == pytest.approx(720 + (kept(0.25) - 720 - 99.2) / 2)
 
 
 def test_the_others_waiting_requests_count_against_the_room() -> None:
@@ -376,35 +386,38 @@ def test_the_others_waiting_requests_count_against_the_room() -> None:
     # 4 requests of others still waiting: not in the usage yet, but they will be; our
     # claim is (2 + 4/3) / (6 + 4) = 1/3
     scrape(lim, running=2, waiting=4, kv_usage=0.2)
-    assert lim.kv_budget_tokens == pytest.approx(720 + (3276.8 - 720 - 4 * 360) / 3)
+    assert lim.kv_budget_tokens == pytest.approx(720 + (kept(1 / 3) - 720 - 4 * 360) / 3)
 
 
 def test_over_the_budget_we_give_back_our_share_of_the_excess() -> None:
     lim = shared(3, fleet_share=1 / 3)
-    scrape(lim, running=9, kv_usage=0.85)  # 3,481.6 used: 204.8 over
-    assert lim.kv_budget_tokens == pytest.approx(1080 - 204.8 / 3)  # 1,011.7333...
-    assert lim.limit == 2
+    scrape(lim, running=9, kv_usage=0.85)  # 3,481.6 used: 2,401.6 of it the others'
+    over = kept(1 / 3) - 1080 - 2401.6  # negative
+    assert lim.kv_budget_tokens == pytest.approx(1080 + over / 3)  # 907.8
+    assert lim.limit == 3  # ceil(907.8 / 360)
 
 
 def test_a_replica_with_nothing_in_flight_claims_its_part_of_the_room() -> None:
     lim = shared(0, fleet_share=0.25)
-    # 6 requests of others, 2,048 tokens: (0 + 4 * 0.25) / (6 + 4) = 0.1 of 1,228.8
+    # 6 requests of others, 2,048 tokens: (0 + 4 * 0.25) / (6 + 4) = 0.1 of 1,228.8 (no
+    # request sent yet: no footprint, nothing kept back for the draws)
     scrape(lim, running=6, kv_usage=0.5)
     assert lim.kv_budget_tokens == pytest.approx(122.88)
     scrape(lim, running=12, kv_usage=0.95)  # others overfill it: nothing for us
     assert lim.kv_budget_tokens == 0.0
-    # (the dispatcher still sends one request to a backend with nothing of ours on it)
+    # (and the dispatcher sends nothing there: an empty shared backend is not a free one)
 
 
 def test_stale_metrics_give_the_whole_budget_back() -> None:
     lim = shared(3, fleet_share=1 / 3)
     scrape(lim, running=9, kv_usage=0.5)
-    assert lim.kv_budget_tokens == pytest.approx(1080 + 36.8 / 3)
+    assert lim.kv_budget_tokens == pytest.approx(1080 + (kept(1 / 3) - 1080 - 2160) / 3)
     lim.on_metrics_stale(1.5)
     assert lim.kv_budget_tokens == pytest.approx(3276.8)
     # the others left: our claim is (3 + 4/3) / (3 + 4) of the room
     scrape(lim, running=3, kv_usage=0.3)
-    assert lim.kv_budget_tokens == pytest.approx(1080 + (13 / 21) * (3276.8 - 1080 - 148.8))
+    room = kept(1 / 3) - 1080 - 148.8
+    assert lim.kv_budget_tokens == pytest.approx(1080 + (13 / 21) * room)
 
 
 def test_the_kv_cap_follows_the_footprint_of_the_requests_being_admitted() -> None:

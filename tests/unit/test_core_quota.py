@@ -70,6 +70,28 @@ def test_controller_rejects_with_tenant_quota() -> None:
     assert c.snapshot()["classes"]["P0"]["rejected"] == {"tenant_quota": 1}
 
 
+def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time() -> None:
+    pol = Policy.model_validate(
+        {
+            "tenants": [{"name": "t", "requestsPerMinute": 2}],
+            "limiter": {"algorithm": "fixed", "fixedLimit": 4},
+        }
+    )
+    clock = FakeClock(100.0)
+    c = Controller(pol, clock, ["b0"])
+    for rid in ("a", "b"):
+        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, 10)).queued
+    # the next request refills in 30 s (2 per minute)
+    in_time = c.arrive(RequestInfo("c", "t", 1, "m", 10, 10, client_deadline=131.0))
+    assert in_time.code is RejectCode.TENANT_QUOTA and in_time.retry_after_s == 30.0
+    late = c.arrive(RequestInfo("d", "t", 1, "m", 10, 10, client_deadline=129.0))
+    assert late.code is RejectCode.CANNOT_SERVE_IN_TIME and late.booking is None
+    assert late.retry_after_s == 30.0  # the earliest room, for its message
+    snap = c.snapshot()["classes"]["P1"]
+    assert snap["rejected"] == {"tenant_quota": 1, "cannot_serve_in_time": 1}
+    assert snap["returns"]["unservable"] == 1
+
+
 def test_hot_reload_changes_quotas() -> None:
     q = InProcessQuotas([Tenant(name="t", requests_per_minute=1)])
     assert q.acquire("t", 1, 0.0).ok

@@ -7,7 +7,12 @@ import math
 import pytest
 
 from sluice.core.ewma import DecayingRate
-from sluice.core.retry_after import DrainEstimator, header_values, refusal_excess
+from sluice.core.retry_after import (
+    DrainEstimator,
+    deadline_code,
+    header_values,
+    refusal_excess,
+)
 from sluice.core.types import RejectCode
 
 
@@ -33,6 +38,17 @@ def test_header_values() -> None:
     assert header_values(2.3) == (3, 2300)  # whole seconds round up
     assert header_values(0.25) == (1, 250)  # at least 1 s; the ms header is exact
     assert header_values(75.0) == (60, 60000)  # at most 60 s
+    assert header_values(0.0) == (1, 1)  # never 0
+
+
+def test_a_refusal_whose_retry_after_does_not_fit_the_deadline_cannot_be_served_in_time() -> None:
+    quota, late = RejectCode.TENANT_QUOTA, RejectCode.CANNOT_SERVE_IN_TIME
+    assert deadline_code(quota, 8.0, 100.0, None) is quota  # no deadline sent
+    assert deadline_code(quota, 8.0, 100.0, 108.0) is quota  # back just in time
+    assert deadline_code(quota, 8.0, 100.0, 107.9) is late  # past it
+    assert deadline_code(quota, 0.2, 100.0, 101.0) is quota  # "Retry-After: 1" fits
+    # 0.2 s would fit, but the header says at least 1 s: not within 0.9 s
+    assert deadline_code(quota, 0.2, 100.0, 100.9) is late
 
 
 def excess(code: RejectCode, **kw: float) -> float:

@@ -12,6 +12,7 @@ from sluice.config import Policy
 from sluice.core.class_queue import ClassQueue
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
+from sluice.core.dispatcher import low_cap, return_cap
 from sluice.core.request_record import RequestRecord
 from sluice.core.return_slots import ReturnLedger
 from sluice.core.types import Outcome, RejectCode, RequestInfo
@@ -277,6 +278,17 @@ def test_a_retry_after_never_points_past_the_clients_deadline() -> None:
     assert told > 0  # the short deadlines were told so
 
 
+def test_with_less_than_a_second_left_no_whole_second_retry_after_fits() -> None:
+    # Retry-After is whole seconds, at least 1: with 0.9 s left it cannot be kept
+    c, clock, _ = busy(policy())
+    assert c.arrive(req("first")).retry_after_s < 0.65  # slots 0.2 s apart: the next
+    # one (0.81 s ahead) is within 0.9 s, but "Retry-After: 1" is not
+    adm = c.arrive(req("r", deadline=clock.now() + 0.9))
+    assert adm.code is RejectCode.CANNOT_SERVE_IN_TIME and adm.booking is None
+    ok = c.arrive(req("r2", deadline=clock.now() + 5.0))  # ...that a 5 s deadline gets
+    assert ok.code is RejectCode.FAST_REJECT and ok.booking is not None
+
+
 def test_the_other_rules_book_nothing() -> None:
     c, _, _ = busy(policy("fixed", fixedSeconds=7))
     adm = c.arrive(req("r"))
@@ -329,3 +341,47 @@ def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait
     clock.advance(0.15)
     (gone,) = c.step().rejections
     assert gone.code is RejectCode.CANNOT_SERVE_IN_TIME and gone.booking is None
+
+
+def test_a_return_never_takes_a_slot_reserved_for_p0() -> None:
+    # issue 17, real-mode burst: P0 lost its SLO beside the rule before. A booked return
+    # is P2 traffic: it gets the lower classes' slots only, never P0's reserve, and not
+    # their last one either (return_cap: 2 of 4 here).
+    doc = policy().model_dump(by_alias=True)
+    doc["limiter"]["fixedLimit"] = 4
+    doc["dispatcher"]["reserved"]["p0"] = 0.25  # cap_low 3: one slot is P0's
+    doc["queues"][2]["maxQueueSize"] = 1
+    clock = FakeClock()
+    c = Controller(Policy.model_validate(doc), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    inflight: list[str] = []
+    for step in range(7):  # P2 served at 6/s: the ledger has a rate
+        clock.set(step * 0.5)
+        for rid in inflight:
+            c.on_finish(rid, Outcome.OK, 100, 10)
+        for k in range(3):
+            c.arrive(req(f"w{step}-{k}"))
+        inflight = [a.request_id for a in c.step().assignments]
+        assert len(inflight) == 3  # the lower classes stop at cap_low
+    assert c.arrive(req("queued")).queued
+    refused = c.arrive(req("r"))
+    assert refused.code is RejectCode.QUEUE_FULL and refused.booking is not None
+    clock.advance(refused.retry_after_s)
+    assert c.arrive(req("r.1", booking=refused.booking)).queued  # in its slot
+    assert c.step().assignments == []  # 3 in flight: the 4th slot is not the return's
+    assert c.arrive(req("p0", prio=0)).queued
+    assert [a.request_id for a in c.step().assignments] == ["p0"]  # P0 takes its reserve
+    c.on_finish(inflight[0], Outcome.OK, 100, 10)
+    assert c.step().assignments == []  # 3 in flight again: still nothing for P2
+    c.on_finish(inflight[1], Outcome.OK, 100, 10)
+    # 2 in flight, under cap_low, but a return leaves the lower classes' last slot (the
+    # one a cut to 3 would take back): it waits, and the fresh request behind it too
+    assert c.step().assignments == []
+    c.on_finish(inflight[2], Outcome.OK, 100, 10)
+    # the return first, ahead of the fresh request queued before it came back
+    assert [a.request_id for a in c.step().assignments] == ["r.1", "queued"]
+
+
+def test_a_return_leaves_the_lower_classes_last_slot() -> None:
+    assert return_cap(10, low_cap(10, 0.2)) == 7  # cap_low 8
+    assert return_cap(2, low_cap(2, 0.2)) == 1  # cap_low 1: at least one
+    assert return_cap(10, low_cap(10, 0.0)) == 10  # no reserve for P0: nothing to leave

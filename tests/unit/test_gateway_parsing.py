@@ -99,8 +99,18 @@ def test_a_retry_after_within_the_clients_deadline_stays_within_it_in_whole_seco
         "Retry-After": "2",
         "retry-after-ms": "2750",
     }
-    assert retry_after_headers(0.4, within_s=0.9)["Retry-After"] == "0"
+    assert retry_after_headers(1.3, within_s=1.8) == {
+        "Retry-After": "1",
+        "retry-after-ms": "1300",
+    }
     assert retry_after_headers(2.75, within_s=3.0)["Retry-After"] == "3"  # it fits
+    # never below 1, whatever is left (DESIGN.md: whole seconds, at least 1); with less
+    # than 1 s left the core answers cannot_serve_in_time instead (test_core_retry_after)
+    assert retry_after_headers(0.4, within_s=0.9) == {
+        "Retry-After": "1",
+        "retry-after-ms": "400",
+    }
+    assert retry_after_headers(0.0, within_s=0.5) == {"Retry-After": "1", "retry-after-ms": "1"}
     # a rule with no deadline bound (fixed, drain) is not rewritten into another promise
     assert retry_after_headers(60.0, within_s=5.0)["Retry-After"] == "60"
 

@@ -16,7 +16,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from sluice.config import Policy, parse_policy
 from sluice.core.circuit_breaker import BreakerState
-from sluice.core.clock import MonotonicClock
+from sluice.core.clock import Clock, FakeClock, MonotonicClock
 from sluice.core.controller import Controller
 from sluice.core.types import Outcome
 from sluice.gateway.auth import KeyRing
@@ -329,12 +329,12 @@ class _Gate:
         return _Ticket(self.ok)
 
 
-def _refusal(clock: MonotonicClock | None = None) -> Refusal:
+def _refusal(clock: Clock | None = None) -> Refusal:
     clock = clock or MonotonicClock()
     return Refusal(Telemetry(), _policy(), _tokens(clock), clock)
 
 
-def _tokens(clock: MonotonicClock) -> BookingTokens:
+def _tokens(clock: Clock) -> BookingTokens:
     return BookingTokens(b"test-key", clock.now)
 
 
@@ -351,6 +351,23 @@ async def test_quota_ticket_refuses_a_tenant_over_its_shared_quota() -> None:
     # charged as the core charges its own quotas: prompt plus the expected output (half of
     # 1024, max_tokens being unset, until an output length is learned)
     assert gate.charged == [("chat-app", ctx.parsed.prompt_tokens_est + 512)]
+
+
+async def test_quota_ticket_past_the_clients_deadline_cannot_serve_it_in_time() -> None:
+    clock = FakeClock(100.0)  # the contexts arrive at 100.0
+    controller = Controller(_policy(), clock, ["b0"])
+    stage = QuotaTicketStage(_Gate(ok=False), controller, _refusal(clock))  # type: ignore[arg-type]
+    late = _parsed(headers={"X-Request-Timeout": "5"})  # the quota refills in 7.5 s
+    response = await stage.run(late)
+    assert response is not None and response.status == 429
+    assert _error(response)["code"] == "cannot_serve_in_time"
+    assert "Retry-After" not in response.headers
+    assert response.headers["x-should-retry"] == "false"
+    assert late.fields["outcome"] == "cannot_serve_in_time"
+    in_time = _parsed(headers={"X-Request-Timeout": "10"})
+    response = await stage.run(in_time)
+    assert response is not None and _error(response)["code"] == "tenant_quota"
+    assert response.headers["Retry-After"] == "8"
 
 
 async def test_quota_ticket_is_kept_for_the_way_out() -> None:

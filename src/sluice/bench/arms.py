@@ -33,7 +33,7 @@ from sluice.bench.scenario import Scenario
 from sluice.config import CLASS_NAMES, DEFAULT_QUEUES, Policy
 
 # the Retry-After rules `sluice` is compared with (docs/bench.md, "Refusals and returns")
-RETRY_AFTER_ARMS = {
+RETRY_AFTER_ARMS: dict[str, dict[str, Any]] = {
     "ra-drain": {"rule": "drain"},
     "ra-60s": {"rule": "fixed", "fixedSeconds": 60},
     "ra-1s": {"rule": "fixed", "fixedSeconds": 1},

@@ -14,6 +14,9 @@ Kubernetes runs Sluice as a Deployment behind a Service (deploy/k8s/deployment.y
     (`scrape_lag`, a lognormal round trip per backend and round); the state read is each
     engine's as of the round's start (its last completed step), applied when the round's
     slowest answer is in.
+  * With `known_peers`, each replica knows how many replicas are live (Redis's count of
+    the gateway processes sharing the quotas), so its fleet share is 1/N
+    (core/fleet_share.py); without it, each estimates its share from the scrapes.
   * A rolling update (`RollingRestart`, maxSurge 1 / maxUnavailable 0 as the manifest
     says) replaces the replicas one after another, `every` seconds: the new one starts
     cold (fresh limiters and queues) and takes traffic at once (ready when a backend is
@@ -67,6 +70,7 @@ class FleetSpec:
     scrape_lag: Jitter | None = None  # None: answers at once (the state of the instant)
     clock_skew_s: float = 0.0
     restart: RollingRestart | None = None
+    known_peers: bool = False  # each replica is told the live count (Redis's)
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCES:
@@ -140,6 +144,7 @@ def fleet_arm(
         balance=balance or section.balance,
         scrape_lag=Jitter(lag.p50, lag.p99) if lag is not None else None,
         clock_skew_s=section.clock_skew,
+        known_peers=section.known_peers and not one,
         restart=None
         if restart is None or one
         else RollingRestart(
@@ -178,6 +183,7 @@ def fleet_results(run: ArmRun, arm: ArmSpec) -> dict[str, Any]:
         if spec.scrape_lag is None
         else {"p50_s": spec.scrape_lag.p50_s, "p99_s": spec.scrape_lag.p99_s},
         "clock_skew_s": spec.clock_skew_s,
+        "known_peers": spec.known_peers,
         "peak_running": peak,
         "peak_running_at_s": round(at, 3),
         "peak_running_per_backend": run.peak_running,

@@ -164,7 +164,8 @@ def plot_sweep(sweep: dict[str, Any], out: Path) -> str:
         )
         ax.axhline(99, color="tab:blue", lw=0.6, ls=":")
         ax.axhline(95, color="tab:orange", lw=0.6, ls=":")
-        ax.set_ylim(min(80.0, *(100 * (r["p0_slo"] or 0) for r in rows)) - 2, 102)
+        top = max(100.0, *(100 * (r["goodput_vs_one_gateway"] or 0) for r in rows))
+        ax.set_ylim(min(80.0, *(100 * (r["p0_slo"] or 0) for r in rows)) - 2, top + 4)
         ax.set_xlabel(label)
         if log:
             ax.set_xscale("log")

@@ -466,7 +466,18 @@ class _Run:
             ctrl.set_backend_health(name, True)
         self.ctrls.append(ctrl)
         self._replica_state(t, clock)
+        self._tell_peers()
         return k
+
+    def _tell_peers(self) -> None:
+        """Every live replica learns how many are live, as Redis's count of the processes
+        sharing the quotas tells them (gateway/shared_quota.py: a process registers when
+        it starts and leaves the count when it exits), when the fleet says so."""
+        if not self.fleet.known_peers or self.arm.gateway is not None:
+            return
+        live = self._live()
+        for k in live:
+            self.ctrls[k].expect_peers(len(live))
 
     def _replica_state(self, t: float, clock: ReplicaClock | None = None) -> None:
         k = len(self.gw_clocks)
@@ -529,6 +540,7 @@ class _Run:
             self.ready.remove(k)
         stats = self.gw_stats[k]
         stats["exited_at"] = t
+        self._tell_peers()
         lost = {"queued": 0, "inflight": 0}
         if cut:
             for r in [r for r in self.by_aid.values() if r.gw == k and r.conn == k]:

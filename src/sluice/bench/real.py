@@ -398,12 +398,12 @@ class _ArmRunner:
             self.t0 = time.monotonic() + LEAD_S
             loop = asyncio.get_running_loop()
             tasks: list[asyncio.Task[None]] = []
+
+            def start(r: ReqState) -> None:
+                tasks.append(asyncio.create_task(self._client(r)))
+
             starts = [
-                loop.call_at(
-                    loop.time() + LEAD_S + r.spec.arrival,
-                    lambda r=r: tasks.append(asyncio.create_task(self._client(r))),
-                )
-                for r in self.reqs
+                loop.call_at(loop.time() + LEAD_S + r.spec.arrival, start, r) for r in self.reqs
             ]
             monitor = asyncio.create_task(self._monitor())
             duration = self.scenario.duration

@@ -82,6 +82,7 @@ def plan_trace(scenario: Scenario, profile: Profile, *, seed: int) -> TracePlan:
     rng_clients = random.Random(f"{seed}/clients")
     out: list[ClientRequest] = []
     for i, (r, (prompt, output)) in enumerate(zip(trace.requests, pairs, strict=True)):
+        cls: str
         if ts.class_column is not None:
             cls = ts.class_values[r.column]  # type: ignore[index]
         else:

@@ -1,5 +1,8 @@
 """Turn a results.json document into PNG plots and a short report.md beside it."""
 
+# The plots reuse short names (xs, ys, axes) for lists, tuples and arrays alike.
+# mypy: disable-error-code="assignment"
+
 from __future__ import annotations
 
 from pathlib import Path

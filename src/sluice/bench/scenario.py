@@ -24,8 +24,10 @@ from sluice.bench.trace import Trace, TraceError, read_trace, resolve_trace_path
 from sluice.config import CLASS_NAMES, DEFAULT_OBJECTIVES, Duration, Objective
 from sluice.sim.profiles import Profile, get_profile
 
-CLASSES = ("P0", "P1", "P2")
 ClassName = Literal["P0", "P1", "P2"]
+CLASSES = ("P0", "P1", "P2")
+# a trace's classes when it names none: burst's 20 % P0 / 40 % P1 / 40 % P2
+BURST_MIX: dict[ClassName, float] = {"P0": 0.2, "P1": 0.4, "P2": 0.4}
 
 
 class ScenarioError(Exception):
@@ -239,9 +241,7 @@ class TraceSpec(_Model):
     peak_window: Duration = Field(default=60.0, gt=0)
     speedup: float | None = Field(default=None, gt=0)
     # Each request's class: a share per class by a stable hash of its line in the file...
-    classes: dict[ClassName, float] = Field(
-        default_factory=lambda: {"P0": 0.2, "P1": 0.4, "P2": 0.4}
-    )
+    classes: dict[ClassName, float] = Field(default_factory=lambda: dict(BURST_MIX))
     # ... or the value of a column (BurstGPT's `Model`, `Log Type`): value -> class.
     class_column: str | None = None
     class_values: dict[str, ClassName] = Field(default_factory=dict)
@@ -293,6 +293,8 @@ class FleetSection(_Model):
     scrape_interval: Duration | None = Field(default=None, gt=0)  # None: the default 250 ms
     scrape_lag: LagSpec | None = None  # each scrape's round trip
     clock_skew: Duration = Field(default=0.0, ge=0)
+    # each replica knows how many are live (as Redis's count of the processes tells them)
+    known_peers: bool = False
     rolling_restart: RollingRestartSpec | None = None
     sweep: FleetSweepSpec = FleetSweepSpec()
 
@@ -500,7 +502,7 @@ def _resolve_trace(spec: ScenarioSpec, source: str, folder: Path | None) -> Scen
     if ts.class_column is not None:
         for r in trace.requests:
             c = ts.class_values[r.column]  # type: ignore[index]
-            shares[c] = shares.get(c, 0.0) + 1.0  # type: ignore[index]
+            shares[c] = shares.get(c, 0.0) + 1.0
     total = sum(shares.values())
     end = max(trace.duration, 1e-3)
     phase = ResolvedPhase(
@@ -527,10 +529,11 @@ def _resolve(spec: ScenarioSpec, source: str, folder: Path | None = None) -> Sce
     phases: list[ResolvedPhase] = []
     t = 0.0
     prev: ResolvedPhase | None = None
-    base_clients = {c: spec.clients.get(c, ClientBehaviour()) for c in CLASSES}
+    named: dict[str, ClientBehaviour] = {str(c): b for c, b in spec.clients.items()}
+    base_clients = {c: named.get(c, ClientBehaviour()) for c in CLASSES}
     for i, p in enumerate(spec.phases):
         clients = dict(prev.clients if prev else base_clients)
-        clients.update(p.clients or {})
+        clients.update({str(c): b for c, b in (p.clients or {}).items()})
         mix = p.mix if p.mix is not None else (prev.mix if prev else {})
         total = sum(mix.values())
         resolved = ResolvedPhase(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sluice.core.limiters import Limiter
+from sluice.core.limiters.base import SharedRoom
 from sluice.core.types import BackendMetrics
 
 
@@ -12,14 +13,15 @@ class BackendState:
         "congestion",
         "counted_inflight",
         "counted_limit",
-        "fresh",
         "healthy",
         "inflight",
         "inflight_by_class",
         "inflight_tokens",
         "kv_budget",
         "kv_capacity",
+        "kv_shared",
         "last_metrics",
+        "left",
         "limit",
         "limiter",
         "metrics_fresh",
@@ -28,7 +30,6 @@ class BackendState:
         "prefill_budget",
         "prefill_tokens",
         "removed",
-        "scrapes",
     )
 
     def __init__(self, name: str, limiter: Limiter) -> None:
@@ -46,6 +47,8 @@ class BackendState:
         self.limit = limiter.limit  # cached after every limiter call
         self.cap_low = -1  # slots P1/P2 may use (the dispatcher computes it)
         self.kv_budget: float | None = limiter.kv_budget_tokens
+        # other replicas use the backend too: its room as the last scrape showed it
+        self.kv_shared: SharedRoom | None = limiter.kv_shared
         # The KV cache's size in tokens, once a scrape told it (kept while metrics are
         # stale: it does not change); None = unknown.
         self.kv_capacity: float | None = None
@@ -56,11 +59,9 @@ class BackendState:
         # What this backend adds to the dispatcher's totals (for O(1) pressure).
         self.counted_inflight = 0
         self.counted_limit = 0
-        # Fresh scrapes so far, and the requests in flight that were sent since the last
-        # one: the next scrape may not show them yet (it shows the engine as of its last
-        # step), the others it does.
-        self.scrapes = 0
-        self.fresh = 0
+        # requests of ours that left since the last fresh scrape: it may still show them
+        # (an abort the engine has not processed yet), they are not another replica's
+        self.left = 0
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models

@@ -25,6 +25,7 @@ nothing else, the assignment comes back in the Admission and the step is not nee
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -40,7 +41,12 @@ from sluice.core.limiters import Limiter, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
-from sluice.core.retry_after import DrainEstimator, refusal_excess
+from sluice.core.retry_after import (
+    MIN_RETRY_AFTER_S,
+    DrainEstimator,
+    deadline_code,
+    refusal_excess,
+)
 from sluice.core.return_slots import Offer, ReturnLedger
 from sluice.core.token_cost import TokenCostModel
 from sluice.core.types import (
@@ -324,14 +330,14 @@ class Controller:
             b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
         if m.running is not None:
             on_backend = m.running + (m.waiting or 0.0)
-            self._fleet.observe(b.inflight - b.fresh, b.inflight, on_backend, self._clock.now())
-        b.scrapes += 1
-        b.fresh = 0
+            self._fleet.observe(b.inflight, b.left, on_backend, self._clock.now())
+        b.left = 0
         # what is ours in the scrape's KV usage (the rest is other replicas'), and our
         # part of the fleet's claim on what is left
         if hasattr(b.limiter, "own_kv_tokens"):
-            b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+            b.limiter.own_kv_tokens = float(b.inflight_tokens)
             b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+            b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
         )
@@ -391,7 +397,10 @@ class Controller:
         quota = self._quotas.acquire(req.tenant, charge, now)
         if not quota.ok:
             retry = min(60.0, max(self._drain.min_s, quota.retry_after_s))
-            return self._refuse(counters, RejectCode.TENANT_QUOTA, retry)
+            quota_code = deadline_code(RejectCode.TENANT_QUOTA, retry, now, _give_up_at(req))
+            if quota_code is RejectCode.CANNOT_SERVE_IN_TIME:
+                self._returns[prio].unservable += 1
+            return self._refuse(counters, quota_code, retry)
 
         policy = q.policy
         patience = policy.timeout
@@ -517,6 +526,8 @@ class Controller:
             return Refusal(code, self._retry_after(prio, now, code, patience))
         ledger = self._ledger
         not_after = None if give_up_at is None else give_up_at - self._ttft.get(0.0)
+        if give_up_at is not None and give_up_at - now < MIN_RETRY_AFTER_S:
+            not_after = -math.inf  # no whole-second Retry-After fits in what is left
         offer = self._offer(prio, now, tenant, not_after)
         returns = self._returns[prio]
         if offer.booking is not None:
@@ -948,8 +959,8 @@ class Controller:
         return self._fleet.value
 
     def expect_peers(self, processes: int) -> None:
-        """`processes` gateway processes are alive (Redis's count): what a replica
-        assumes its part of the fleet is before its scrapes have shown it."""
+        """`processes` gateway processes are alive (`--workers`, Redis's count): this
+        one's part of the fleet is 1/processes (core/fleet_share.py)."""
         self._fleet.expect_peers(processes)
 
     def state_of(self, request_id: str) -> RequestState:
@@ -1048,9 +1059,9 @@ class Controller:
         d.set_reserved(policy.dispatcher.reserved.p0)
         for b in d.backends.values():
             if hasattr(b.limiter, "usable_share"):
-                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0  # type: ignore[attr-defined]
+                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0
             if hasattr(b.limiter, "objectives"):
-                b.limiter.objectives = policy.objectives()  # type: ignore[attr-defined]
+                b.limiter.objectives = policy.objectives()
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():
@@ -1058,8 +1069,9 @@ class Controller:
                 b.limiter.on_release(b.inflight, now)
                 if b.metrics_fresh and b.last_metrics is not None:
                     if hasattr(b.limiter, "own_kv_tokens"):
-                        b.limiter.own_kv_tokens = float(b.inflight_tokens)  # type: ignore[attr-defined]
+                        b.limiter.own_kv_tokens = float(b.inflight_tokens)
                         b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+                        b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
 

@@ -7,6 +7,13 @@ Rules (docs/overload.md):
   * Reserved P0 slots: P1 and P2 may fill a backend only up to
     cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
     (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget.
+  * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
+    lower classes' last slot too, where P0 has a reserve: it is placed only while a
+    backend has fewer than return_cap = max(1, cap_low - 1) in flight (cap_low with no
+    reserve). Returns are let in past the pressure rules, so during a burst they are a
+    standing backlog that would take every slot the moment it opens, the one a growing
+    limit just added included; when the limiter cuts back, the slots they hold stay held
+    until they end and P0 waits (issue 17: P0 in the real-mode burst, docs/bench.md).
   * Aging guard: while P0 has requests waiting and P1's oldest request has waited longer
     than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
@@ -38,6 +45,21 @@ Rules (docs/overload.md):
     slot on that one; at the head of its class it holds its class back until then (a
     slot frees with the next finish there), not the lower classes. A backend with nothing
     in flight takes any request whatever its KV budget (or it could never serve it).
+  * Shared backends (other gateway replicas send to them too: the limiter's `kv_shared`):
+    the budget is this replica's claim on the backend's room, often part of one request,
+    and having nothing in flight there does not make the backend empty. A request past
+    what is left r of the claim goes when the scrape's draw u has u * cost < r (with
+    probability r / cost: the replicas' claims add up to the room in expectation) and the
+    room the scrape showed has it (a request larger than the whole budget: only when the
+    backend looked idle); then r < 0 until ours end: one request past the claim at most.
+    P1/P2 do so with half those odds (`LOW_OVERDRAFT`), P0 up to the limiter's floor,
+    its replica's part of the whole budget, besides. On a backend the scrape showed idle,
+    a replica that knows nothing of the fleet yet (no count, no scrape that showed
+    requests) sends its one request past the claim without a draw: a fresh gateway,
+    alone or not, starts at once (R fresh replicas put at most R requests past their
+    claims there, as on any backend; later, 8 replicas each doing so on the idle
+    engines of a quiet night put 8 requests on engines of 10 when the day came). "Too
+    large for every budget" is judged against the backends' whole budgets.
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
 dispatch call with no free slot is O(1) and a placement is O(backends with a free slot).
@@ -52,10 +74,21 @@ from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.request_record import RequestRecord
 
+# P1/P2 take a request past their claim on a shared backend with this part of the odds:
+# what they leave of the fleet's claims is in the room the next scrapes show, for the P0
+# requests of whichever replica has them (each replica's priorities are its own: without
+# this, one replica's P2 took the room another's P0 was waiting for).
+LOW_OVERDRAFT = 0.5
+
 
 def low_cap(limit: int, reserved_p0: float) -> int:
     """In-flight requests P1/P2 may have on a backend of this limit."""
     return max(1, math.floor(limit * (1.0 - reserved_p0) + 1e-9))
+
+
+def return_cap(limit: int, cap_low: int) -> int:
+    """In-flight requests below which a P1/P2 return may be placed (module docstring)."""
+    return cap_low if cap_low >= limit else max(1, cap_low - 1)
 
 
 class Dispatcher:
@@ -148,7 +181,8 @@ class Dispatcher:
         for b in self.backends.values():
             if not b.healthy or b.removed or (b.models and model not in b.models):
                 continue
-            budget = b.kv_budget
+            shared = b.kv_shared
+            budget = b.kv_budget if shared is None else shared.full_tokens
             if budget is None or rec.cost <= budget * share:
                 return False
             found = True
@@ -177,6 +211,7 @@ class Dispatcher:
             b.cap_low = low_cap(limit, self.reserved_p0)
         b.kv_budget = limiter.kv_budget_tokens
         b.prefill_budget = limiter.prefill_budget_tokens
+        b.kv_shared = limiter.kv_shared
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -216,8 +251,6 @@ class Dispatcher:
         b.inflight += 1
         b.inflight_by_class[rec.priority] += 1
         b.inflight_tokens += rec.cost
-        b.fresh += 1
-        rec.epoch = b.scrapes
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
         if rec.info.first_token_visible:
@@ -234,8 +267,7 @@ class Dispatcher:
         b.inflight -= 1
         b.inflight_by_class[rec.priority] -= 1
         b.inflight_tokens -= rec.cost
-        if rec.epoch == b.scrapes:
-            b.fresh -= 1
+        b.left += 1
         if rec.first_token_at is None and rec.info.first_token_visible:
             self.prefilled(rec)
         if b.inflight == 0:
@@ -264,8 +296,11 @@ class Dispatcher:
         model = rec.model
         cost = rec.cost
         prompt = rec.prompt_est
+        a_return = rec.returning and not full_rights
         best: BackendState | None = None
         for b in cands.values():
+            if a_return and b.inflight >= return_cap(b.limit, b.cap_low):
+                continue
             models = b.models
             if models:
                 if model not in models:
@@ -275,8 +310,22 @@ class Dispatcher:
             elif blocked_models:
                 continue
             budget = b.kv_budget
-            if budget is not None and b.inflight and b.inflight_tokens + cost > budget * share:
-                continue
+            shared = b.kv_shared
+            if shared is not None and full_rights and budget is not None:
+                budget = max(budget, shared.floor_tokens)
+            if budget is not None and b.inflight_tokens + cost > budget * share:
+                if shared is None:
+                    if b.inflight:  # alone: an empty backend takes any request
+                        continue
+                elif not (b.inflight == 0 and shared.first_free):
+                    left = budget * share - b.inflight_tokens
+                    odds = 1.0 if full_rights else LOW_OVERDRAFT
+                    if (
+                        left <= 0
+                        or shared.draw * cost >= odds * left
+                        or b.inflight_tokens + cost > shared.room_tokens * share
+                    ):
+                        continue
             pf = b.prefill_budget
             if pf is not None and b.prefill_tokens and b.prefill_tokens + prompt > pf:
                 continue
@@ -367,8 +416,8 @@ class Dispatcher:
                 if not q.by_arrival:
                     continue
                 full = q.priority == 0 or (guard and q is q1)
-                if q.parked and (b := self._place_parked(q, full, blocked, now)) is not None:
-                    placed.append(b)
+                if q.parked and (took := self._place_parked(q, full, blocked, now)) is not None:
+                    placed.append(took)
                     progress = True
                     break
                 rec = q.peek()

@@ -11,17 +11,32 @@ replicas claim it once between them, also on a backend that is idle, where a scr
 nobody (the burst-start overshoot: R idle replicas each sending a burst's first requests
 into the same idle backend).
 
-The estimate is the ratio of two sums over fresh scrapes of busy backends: our requests
-the scrape surely shows (those sent before the previous scrape: a scrape shows the engine
-as of its last step, so ours sent since may not be in it yet; counting only these keeps
-the estimate on the low side) and all requests it shows, both decayed with the time
-during which backends were busy (`tau_s`; a gap between busy scrapes counts at most
-`max_gap_s`), so an idle fleet keeps what it learned until the next burst. The sums start
-from a prior (`prior` weighted as `prior_weight` requests, fading as evidence does):
-before any evidence a replica assumes it is one of 1/prior (`expect_peers` sets it from a
-count of the live gateway processes, when the shell knows one). A gateway whose scrapes
-have shown `ALONE_AFTER` requests and none that could not be its own is alone: share 1,
-the whole budget (as before there were fleets).
+When the shell knows how many gateway processes are alive (`--workers N`; Redis's count
+of the processes sharing the quotas, gateway/shared_quota.py) the share is 1/N: the
+replicas' claims then add up to the room, whatever each holds.
+
+Else it is estimated, as the ratio of two sums over fresh scrapes of busy backends: our
+requests there (those in flight, at most what the scrape shows) and all requests it
+shows, both decayed with the time during which backends were busy (`tau_s`; a gap
+between busy scrapes counts at most `max_gap_s`), so an idle fleet keeps what it learned
+until the next burst. Ours sent since the engine's last step are counted although the
+scrape may not show them yet: over replicas the estimates then add up to about 1
+(counting only those sent before the previous scrape left the fleet claiming 70 % of a
+backend at a 250 ms scrape, and a lone gateway at 0.56). The sums start from a prior
+(`prior` weighted as `prior_weight` requests, fading as evidence does), and the share is
+never below it: the estimate follows what a replica holds, so one that holds little (a
+replacement in a rolling update, one the others outgrew) would claim ever less and hold
+ever less. An estimate is no count: replicas that outgrew the others keep their larger
+estimates (`sluice bench fleet` without the count saw 0.06 to 0.3 among 8), which is why
+the count wins when there is one.
+
+A gateway whose scrapes have shown `ALONE_AFTER` requests of which at most `ALONE_STRAY`
+could not be its own is alone: share 1, the whole budget (as before there were fleets).
+A request of ours that left since the previous scrape may still be in it (an abort the
+engine has not processed yet): not another replica's. Before this was counted, and with
+no tolerance, one such stray kept a lone gateway from being alone for good (the stray and
+the sums fade at the same rate: their ratio never went back to 0), at the share its
+scrapes gave (0.56 in `sluice bench fleet`'s one gateway).
 Pure: time is passed in.
 """
 
@@ -31,10 +46,10 @@ import math
 
 PRIOR = 1 / 16  # a fresh replica's assumed share: a fleet of up to 16 claims a room once
 PRIOR_WEIGHT = 4.0  # the prior counts as this many requests seen
-ALONE_AFTER = 4.0  # requests seen, none of them surely another's: a lone gateway
+ALONE_AFTER = 4.0  # requests seen, (almost) none of them surely another's: a lone gateway
+ALONE_STRAY = 0.02  # ... at most this part of them: a stray abort, not a peer
 TAU_S = 5.0  # busy seconds over which older evidence fades
 MAX_GAP_S = 0.5  # an idle gap between busy scrapes ages the evidence at most this much
-MIN_SHARE = 1e-3
 
 
 class FleetShare:
@@ -44,6 +59,7 @@ class FleetShare:
         "_on",
         "_others",
         "_own",
+        "_processes",
         "max_gap_s",
         "prior",
         "prior_weight",
@@ -66,26 +82,40 @@ class FleetShare:
         self.prior_weight = prior_weight
         self.tau_s = tau_s
         self.max_gap_s = max_gap_s
-        self._own = 0.0  # evidence: our requests the scrapes surely showed (decayed)
+        self._own = 0.0  # evidence: our requests the scrapes showed (decayed)
         self._on = 0.0  # ... all requests they showed
         self._others = 0.0  # ... and those that could not be ours
         self._kept = 1.0  # what is left of the prior's weight (it fades like evidence)
         self._at: float | None = None  # the last busy scrape
+        self._processes: int | None = None  # the live gateway processes, when told
 
     @property
     def value(self) -> float:
-        """Our estimated part of the fleet's requests, in (0, 1]: exactly 1 once the
-        scrapes have shown `ALONE_AFTER` requests and none that could not be ours."""
-        if self._on >= ALONE_AFTER and self._others <= 1e-9 * self._on:
+        """Our part of the fleet, in (0, 1]: 1/N when N live processes are known;
+        else exactly 1 once the scrapes have shown `ALONE_AFTER` requests and (almost)
+        none that could not be ours; else the estimate, never below the prior."""
+        if self._processes is not None:
+            return 1.0 / self._processes
+        if self._on >= ALONE_AFTER and self._others <= ALONE_STRAY * self._on:
             return 1.0
-        w = self.prior_weight * self._kept
-        return max(MIN_SHARE, min(1.0, (self._own + self.prior * w) / (self._on + w)))
+        return max(self.prior, self.estimate)
 
-    def observe(self, settled: int, inflight: int, on_backend: float, now: float) -> None:
+    @property
+    def fresh(self) -> bool:
+        """Nothing known of the fleet yet: no count, no scrape that showed a request."""
+        return self._processes is None and self._on <= 0
+
+    @property
+    def estimate(self) -> float:
+        """What the scrapes say: our requests over all they showed, from the prior."""
+        w = self.prior_weight * self._kept
+        return min(1.0, (self._own + self.prior * w) / (self._on + w))
+
+    def observe(self, inflight: int, left: int, on_backend: float, now: float) -> None:
         """A fresh scrape of one backend: `on_backend` requests there (running +
-        waiting); `inflight` of ours in flight to it, `settled` of which were sent before
-        the previous scrape (the scrape shows the engine as of its last step: those it
-        surely shows, unless they ended there since; the others maybe not yet)."""
+        waiting); `inflight` of ours in flight to it, and `left` of ours that left it
+        since the previous scrape (it may still show them: an abort the engine has not
+        processed yet)."""
         if on_backend <= 0:
             return  # an idle backend says nothing about who else is sending
         if self._at is not None:
@@ -97,14 +127,21 @@ class FleetShare:
                 self._others *= decay
                 self._kept *= decay
         self._at = now
-        self._own += min(float(settled), on_backend)
+        self._own += min(float(inflight), on_backend)
         self._on += on_backend
-        self._others += max(0.0, on_backend - inflight)
+        self._others += max(0.0, on_backend - inflight - left)
 
     def expect_peers(self, processes: int) -> None:
-        """`processes` gateway processes are known to be alive (Redis's count of them):
-        the prior becomes 1/processes (what a replica assumes while evidence is thin)."""
-        self.prior = 1.0 / max(1, processes)
+        """`processes` gateway processes are known to be alive (`--workers`, Redis's
+        count of them): the share is 1/processes, whatever the scrapes say."""
+        self._processes = max(1, processes)
+        self.prior = 1.0 / self._processes
 
-    def describe(self) -> dict[str, float]:
-        return {"share": self.value, "prior": self.prior, "requests_seen": self._on}
+    def describe(self) -> dict[str, float | int | None]:
+        return {
+            "share": self.value,
+            "estimate": round(self.estimate, 4),
+            "prior": self.prior,
+            "processes": self._processes,
+            "requests_seen": self._on,
+        }

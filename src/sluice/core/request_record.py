@@ -26,7 +26,6 @@ class RequestRecord:
         "deadline",
         "dispatched_at",
         "enqueued_at",
-        "epoch",
         "expected_output",
         "first_token_at",
         "held_since",
@@ -74,7 +73,6 @@ class RequestRecord:
         self.state = RequestState.QUEUED
         self.backend: BackendState | None = None
         self.dispatched_at: float | None = None
-        self.epoch = 0  # its backend's scrape count when it was sent (BackendState.scrapes)
         self.first_token_at: float | None = None
         self.inflight_at_send = 0  # the backend's in-flight count once this one was sent
         # prompt tokens of the requests on its backend still waiting for their first token

@@ -36,6 +36,12 @@ level (`usual_arrival_rate`).
 
 The shell sends `Retry-After: clamp(ceil(t), 1, 60)` and `retry-after-ms: round(t*1000)`
 (`header_values`). Tenant quotas compute their own value from the quota window.
+
+Within the client's deadline (X-Request-Timeout / X-Stainless-Timeout). `Retry-After` is
+whole seconds and at least 1 (HTTP; DESIGN.md section 4), so a refusal can point the
+client back within its deadline only when at least `MIN_RETRY_AFTER_S` of it is left and
+its delay fits in what is left; otherwise it is answered `cannot_serve_in_time`
+(`deadline_code`), and the client is not told to come back.
 """
 
 from __future__ import annotations
@@ -44,6 +50,23 @@ import math
 
 from sluice.core.ewma import DecayingRate
 from sluice.core.types import RejectCode
+
+# The smallest Retry-After the header can say (whole seconds, at least 1).
+MIN_RETRY_AFTER_S = 1.0
+
+
+def deadline_code(
+    code: RejectCode, retry_after_s: float, now: float, deadline: float | None
+) -> RejectCode:
+    """The code a refusal is answered with: `code`, or `cannot_serve_in_time` when the
+    client's deadline (None: it sent none) leaves no room for its Retry-After: less than
+    the 1 s the header can say is left, or the delay goes past it."""
+    if deadline is None:
+        return code
+    left = deadline - now
+    if left < MIN_RETRY_AFTER_S or retry_after_s > left:
+        return RejectCode.CANNOT_SERVE_IN_TIME
+    return code
 
 
 def header_values(retry_after_s: float) -> tuple[int, int]:

@@ -76,6 +76,8 @@ class Gateway:
                 self.clock,
                 on_mode=self.telemetry.set_quota_mode,
                 on_error=self.telemetry.quota_error,
+                # the processes sharing the quotas share the backends: the fleet share
+                on_processes=lambda n: self.controller.expect_peers(n),
             )
         self.controller = Controller(
             policy,

@@ -62,14 +62,15 @@ def error_response(
 
 
 def retry_after_headers(seconds: float, within_s: float | None = None) -> dict[str, str]:
-    """Retry-After in whole seconds (at least 1) plus the exact `retry-after-ms`. With
-    `within_s`, what is left of the client's deadline: a Retry-After that is within it
-    stays within it in whole seconds too (rounded down where rounding up would pass it;
-    0 is a valid Retry-After)."""
+    """Retry-After in whole seconds, at least 1 (DESIGN.md section 4), plus the exact
+    `retry-after-ms`. With `within_s`, what is left of the client's deadline: a
+    Retry-After that is within it stays within it in whole seconds too (rounded down where
+    rounding up would pass it, never below 1: the core answers `cannot_serve_in_time`
+    when less than 1 s is left, core/retry_after.deadline_code)."""
     seconds = max(0.0, seconds)
     whole = max(1, math.ceil(seconds))
     if within_s is not None and seconds <= within_s < whole:
-        whole = math.floor(seconds)
+        whole = max(1, math.floor(seconds))
     return {
         "Retry-After": str(whole),
         "retry-after-ms": str(max(1, round(seconds * 1000))),

@@ -96,7 +96,7 @@ class Relay:
             try:
                 if route.plain_post:  # most routes: POST a JSON body to a fixed path
                     call = self._session.post(
-                        backend.url + route.upstream_path, data=ctx.body, headers=headers
+                        backend.url + (route.upstream_path or ""), data=ctx.body, headers=headers
                     )
                 else:
                     call = self._call(ctx, headers)
@@ -206,8 +206,9 @@ class Relay:
         usage = _NO_USAGE
         response: web.StreamResponse | None = None
         head = b""
-        # the first token's event, when it is not the first event (None: it is)
-        first_token = shape.first_token_marker
+        # What the first token's event contains (b"": the first event is it); None once
+        # it was relayed.
+        first_token: bytes | None = shape.first_token_marker or b""
         async for chunk in up.content.iter_any():
             # Relay whole events only; a chunk usually is exactly that (no copy then).
             if pending:
@@ -223,10 +224,8 @@ class Relay:
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
                     return _overloaded(ctx, self.error_details, _error_message(chunk))
-                if first_token is None:
-                    on_first_token()
                 head = chunk
-                response = state.response = web.StreamResponse(
+                response = state.response = _EventStream(
                     status=200,
                     headers={
                         **ctx.headers,
@@ -235,11 +234,15 @@ class Relay:
                     },
                 )
                 await _client(state, response.prepare(ctx.request))
-            if first_token is not None and first_token in chunk:
-                on_first_token()
-                first_token = None
             if shape.usage_marker in chunk:
                 chunk, usage = shape.take_usage(chunk, ctx.route.usage, ctx.strip_usage, usage)
+            if first_token is not None and first_token in chunk:
+                # The first token goes to the client before the core and the metrics
+                # hear of it: its bookkeeping is not on the client's time to first token.
+                await _client(state, response.write(chunk))
+                on_first_token()
+                first_token = None
+                continue
             await _client(state, response.write(chunk))
         if response is None:
             raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
@@ -318,6 +321,16 @@ class Relay:
             await state.response.write(event)
             await state.response.write_eof()
         return RelayResult(state.response, outcome)
+
+
+class _EventStream(web.StreamResponse):
+    """A relayed stream whose head goes out in one write with its first event (aiohttp's
+    opt-in, web_response.py 3.11+: a StreamResponse sends its head at `prepare` by
+    default). Sent apart, the head is a segment of its own that wakes the client for
+    nothing and can cost the gateway its core between the two writes, on the path of the
+    first token; the head is prepared only when the first event is here anyway."""
+
+    _send_headers_immediately = False
 
 
 @dataclass(slots=True)

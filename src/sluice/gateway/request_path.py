@@ -192,6 +192,7 @@ class RequestPath:
         self.begin(ctx)
         # a stored response goes to the backend that holds it, the rest to any that fits
         stored = ctx.route.stores_responses
+        assert self._bypass is not None, "serve() connects the request path first"
         answer = self.stored.locate(ctx) if stored else self._bypass.place(ctx)
         if answer is not None:
             return answer

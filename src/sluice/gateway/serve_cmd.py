@@ -171,8 +171,8 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
     app = create_app(policy, args.config, override or None)
     gateway = app[GATEWAY_KEY]
     if args.workers > 1:
-        # the workers share the backends: before its scrapes say better, each assumes it
-        # is one of them (core/fleet_share.py)
+        # the workers share the backends: each claims 1/N of them (core/fleet_share.py;
+        # with Redis, its count of the live processes replaces N at each heartbeat)
         gateway.controller.expect_peers(args.workers)
     _check_descriptors(policy.server.max_connections)
     runner = GatewayRunner(
@@ -206,7 +206,7 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
         if embedded is not None:
             await embedded.stop()
         raise ListenError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
-    port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1] if site._server else args.port  # type: ignore[attr-defined]
     if worker is None:
         print(f"Sluice listening on http://{args.host}:{port}", flush=True)
     else:

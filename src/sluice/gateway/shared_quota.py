@@ -208,6 +208,7 @@ class SharedQuotaGate:
         *,
         on_mode: Callable[[str], None] | None = None,
         on_error: Callable[[str], None] | None = None,
+        on_processes: Callable[[int], None] | None = None,
         client: Any = None,
         prefix: str = KEY_PREFIX,
         call_timeout_s: float = CALL_TIMEOUT_S,
@@ -219,6 +220,7 @@ class SharedQuotaGate:
         self._clock = clock
         self._on_mode = on_mode
         self._on_error = on_error
+        self._on_processes = on_processes  # the live count, at every heartbeat
         self._prefix = prefix
         self.call_timeout_s = call_timeout_s
         self.heartbeat_s = heartbeat_s
@@ -521,6 +523,8 @@ class SharedQuotaGate:
             return
         quotas = self.controller_quotas
         quotas.set_processes(int(alive), self._clock.now())
+        if self._on_processes is not None:
+            self._on_processes(int(alive))
         # (older than a quarter beat: a sight taken just before another process's last
         # requests would miss them)
         stale = quotas.stale_sights(self._clock.now(), self.heartbeat_s / 4, SIGHTS_PER_BEAT)

@@ -45,7 +45,7 @@ def fast_observe(child: Any) -> Callable[[float], None]:
     buckets = getattr(child, "_buckets", None)
     bounds = tuple(getattr(child, "_upper_bounds", ()))
     if total is None or buckets is None or not bounds or len(buckets) != len(bounds):
-        return child.observe  # type: ignore[no-any-return]
+        return child.observe
     add = total.inc
 
     def observe(amount: float) -> None:
@@ -60,7 +60,7 @@ def fast_inc(child: Any) -> Callable[[float], None]:
     """`child.inc` (a labelled Counter child) without its per-call checks; call it with
     the (non-negative) amount."""
     value = getattr(child, "_value", None)
-    return child.inc if value is None else value.inc  # type: ignore[no-any-return]
+    return child.inc if value is None else value.inc
 
 
 # (priority, route): what the request path's metrics are labelled by
@@ -306,8 +306,12 @@ class Telemetry:
                         by_class = out[key].setdefault("P" + s.labels["priority"], {})
                         what = s.labels[label]  # over every route
                         by_class[what] = by_class.get(what, 0.0) + s.value
-        for metric, key in ((self.ttft, "ttft"), (self.retry_after, "retry_after")):
-            for family in self._families(metric):
+        histograms: tuple[tuple[Histogram, str], ...] = (
+            (self.ttft, "ttft"),
+            (self.retry_after, "retry_after"),
+        )
+        for hist, key in histograms:
+            for family in self._families(hist):
                 for s in family.samples:
                     if s.name.endswith(("_sum", "_count")):
                         entry = out[key].setdefault("P" + s.labels["priority"], {})

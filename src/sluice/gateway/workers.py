@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import tempfile
+from typing import Any
 
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -245,8 +246,9 @@ async def _wait_ready(
 
         reading = asyncio.ensure_future(lines())
         stopping = asyncio.ensure_future(stop.wait())
+        waited: list[asyncio.Future[Any]] = [reading, stopping, *exits]
         done, _ = await asyncio.wait(
-            [reading, stopping, *exits],
+            waited,
             timeout=START_TIMEOUT_S,
             return_when=asyncio.FIRST_COMPLETED,
         )

@@ -236,7 +236,7 @@ class MessageWriter:
         }
 
     def first(self) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",

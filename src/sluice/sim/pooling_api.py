@@ -420,7 +420,7 @@ def parse_score(body: dict[str, Any], *, max_model_len: int) -> ScoringRequest:
 
 
 def rerank_response(req: ScoringRequest, request_id: str, model: str) -> dict[str, Any]:
-    results = [
+    results: list[dict[str, Any]] = [
         {"index": i, "document": {"text": text, "multi_modal": None}, "relevance_score": score}
         for i, (text, score) in enumerate(zip(req.document_texts, req.scores(), strict=True))
     ]

@@ -107,7 +107,7 @@ class AudioRoutes:
             continuous = include_usage and _flag(form, "stream_continuous_usage_stats")
             limit_raw = form.get("max_completion_tokens")
             try:
-                limit = int(limit_raw) if limit_raw not in (None, "") else None
+                limit = int(limit_raw) if limit_raw else None
             except ValueError:
                 raise fields.invalid(
                     "max_completion_tokens", "Input should be a valid integer", "int_type"

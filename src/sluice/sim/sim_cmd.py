@@ -92,7 +92,7 @@ def build_profile(args: argparse.Namespace) -> Profile:
         blocks = overrides.get("num_gpu_blocks", base.num_gpu_blocks)
         size = overrides.get("block_size", base.block_size)
         overrides["max_model_len"] = min(base.max_model_len, blocks * size)
-    profile = dataclasses.replace(base, **overrides)
+    profile = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]  # int fields
     if args.speed <= 0:
         raise ValueError("--speed must be positive")
     parse_lora_modules(getattr(args, "lora_modules", []))  # refuse a bad one before starting

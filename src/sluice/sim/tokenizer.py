@@ -93,7 +93,8 @@ def encode_chat(messages: list[dict[str, Any]], *, add_generation_prompt: bool =
     ids = [BEGIN_OF_TEXT]
     for message in messages:
         role = message.get("role")
-        ids += [START_HEADER, ROLE_IDS.get(role, UNKNOWN_ROLE), END_HEADER, NEWLINES]
+        role_id = ROLE_IDS.get(role, UNKNOWN_ROLE) if isinstance(role, str) else UNKNOWN_ROLE
+        ids += [START_HEADER, role_id, END_HEADER, NEWLINES]
         for text in content_texts(message.get("content")):
             ids += encode_text(text)
         name = message.get("name")

@@ -34,7 +34,7 @@ import random
 
 from sluice.bench.peers.base import PeerAdmission, PeerCode, PeerGateway
 from sluice.core.clock import Clock
-from sluice.core.types import Outcome, RequestInfo
+from sluice.core.types import Assignment, Outcome, RequestInfo
 
 UPDATE_INTERVAL_S = 0.1
 MIN_RTT_INTERVAL_S = 60.0
@@ -174,7 +174,7 @@ class EnvoyGateway(PeerGateway):
         due = [t for t in (self._next_update, self._next_min_rtt) if t is not None]
         return min(due) if due else None
 
-    def dispatch(self) -> list:  # type: ignore[type-arg]
+    def dispatch(self) -> list[Assignment]:
         self._timers(self._clock.now())
         return super().dispatch()
 

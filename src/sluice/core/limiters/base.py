@@ -15,9 +15,23 @@ this one that had no first token yet (the prefill work it queued behind).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sluice.core.types import BackendMetrics, Sample
+
+
+class SharedRoom(NamedTuple):
+    """A backend shared with other gateway replicas, as the last fresh scrape showed it:
+    `room_tokens`, the most estimated KV tokens of ours in flight it has room for (ours
+    and the room the others leave; inf when it looked idle), `full_tokens` its whole
+    budget, and `draw`, this scrape's uniform draw in [0, 1) (the dispatcher's overdraft:
+    a request past the remaining claim r goes when draw * cost < r, core/dispatcher.py)."""
+
+    draw: float
+    room_tokens: float
+    full_tokens: float
+    floor_tokens: float = 0.0
+    first_free: bool = False  # it looked idle and we know nothing of the fleet yet
 
 
 class Limiter(Protocol):
@@ -35,6 +49,11 @@ class Limiter(Protocol):
     def prefill_budget_tokens(self) -> float | None:
         """Prompt tokens allowed in flight without their first token yet (the prefill
         the backend has queued), or None for no bound."""
+        ...
+
+    @property
+    def kv_shared(self) -> SharedRoom | None:
+        """The backend's room while other replicas use it too; None when alone."""
         ...
 
     def on_sample(self, sample: Sample, now: float) -> None: ...
@@ -75,6 +94,10 @@ class LimiterBase(ABC):
 
     @property
     def prefill_budget_tokens(self) -> float | None:
+        return None
+
+    @property
+    def kv_shared(self) -> SharedRoom | None:
         return None
 
     def on_sample(self, sample: Sample, now: float) -> None:

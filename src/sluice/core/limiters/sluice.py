@@ -74,8 +74,16 @@ Control:
     room once, not R times (a scrape shows the engine as of its last step, so none of
     them sees the others before the next one). Held until the next scrape: a request of
     ours that leaves frees its room to us at once, another replica's only when a scrape
-    shows it gone. Without those metrics the budget is the whole fraction; a lone gateway
-    (share 1) has it all.
+    shows it gone. A claim is a part of a backend, a request is whole: a replica's claim
+    is often less than one request (8 replicas on an engine of 10), so there is no
+    minimum of one request per replica (R replicas would hold R, past a small engine's
+    KV: `sluice bench fleet`'s preemptions); instead each fresh scrape draws u in [0, 1)
+    (`kv_shared`) and a request past the claim's remainder r goes when u * cost < r and
+    the room the scrape showed has it: with probability r / cost, so over the fleet the
+    claims add up to the room in expectation, with at most one request per replica past
+    its claim (the dispatcher, core/dispatcher.py). The limit in requests is then the
+    budget's over our footprint rounded up, not down (the budget decides). Without those
+    metrics the budget is the whole fraction; a lone gateway (share 1) has it all.
 """
 
 from __future__ import annotations
@@ -85,7 +93,7 @@ import random
 from collections.abc import Callable
 
 from sluice.core.ewma import Ewma
-from sluice.core.limiters.base import LimiterBase
+from sluice.core.limiters.base import LimiterBase, SharedRoom
 from sluice.core.limiters.windowed_min import WindowedMin
 from sluice.core.types import BackendMetrics, Sample
 
@@ -191,8 +199,12 @@ class SluiceLimiter(LimiterBase):
         # Our part of the fleet of gateways in front of this backend (1: alone); the
         # controller sets it before each on_metrics (core/fleet_share.py).
         self.fleet_share = 1.0
+        # ... and whether that share is a bare prior (no count, no scrape evidence yet)
+        self.fleet_fresh = False
         self.fleet_prior_requests = fleet_prior_requests
         self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
+        self._shared: SharedRoom | None = None  # ... when other replicas use the backend
+        self._fleet_rng = random.Random(f"{seed}/fleet")
         self._hard = False  # the last scrape showed hard congestion
         self._preemptions_seen: float | None = None
         self._engine_cap: int | None = None  # requests the engine accepts at once
@@ -230,6 +242,10 @@ class SluiceLimiter(LimiterBase):
             return None
         step = self._tpot.value or 0.0
         return max(0.0, (target - self.step_wait * step) / base - self.prompt_fixed_tokens)
+
+    @property
+    def kv_shared(self) -> SharedRoom | None:
+        return None if self._kv_capacity is None else self._shared
 
     @property
     def latency_limit(self) -> float:
@@ -368,7 +384,8 @@ class SluiceLimiter(LimiterBase):
             self._kv_capacity = capacity
         self._kv_usage = m.kv_usage
         self._engine_cap = m.max_concurrency
-        self._kv_scrape_budget = self._shared_budget(m)
+        shared = self._shared_room(m)
+        self._kv_scrape_budget, self._shared = (None, None) if shared is None else shared
         reason = ""
         # A request that arrived since the engine's last step shows as waiting until the
         # next one: normal at any load. Queueing is waiting seen on two scrapes in a row.
@@ -395,21 +412,30 @@ class SluiceLimiter(LimiterBase):
             self._cut(now, None, reason)
         self._recompute()
 
-    def _shared_budget(self, m: BackendMetrics) -> float | None:
-        """The KV budget while other replicas may use the backend too; None (the whole
-        budget) for a lone gateway, or without metrics."""
+    def _shared_room(self, m: BackendMetrics) -> tuple[float, SharedRoom] | None:
+        """Our claim on the backend (the KV budget) and its room while other replicas may
+        use it too; None (the whole budget) for a lone gateway, or without metrics."""
         cap = self._kv_capacity
         share = self.fleet_share
         if cap is None or m.kv_usage is None or m.running is None or share >= 1.0:
             return None
         n = self._inflight
         on_backend = m.running + (m.waiting or 0.0)
-        full = cap * self.kv_budget_fraction
         own = self.own_kv_tokens
+        # The footprint of a request: ours in flight, those we sent lately, those being
+        # admitted; the largest (a replica holding one short request would count the
+        # others' at its size).
+        ahead = self._demand() if self._demand is not None else None
+        per_request = max(own / n if n else 0.0, self._footprint.value or 0.0, ahead or 0.0)
+        # Replicas that do not know of one another each take whole requests past their
+        # fractional claims (the dispatcher's overdraft): R independent draws of at most
+        # one request each, whose sum strays from the claims' by sqrt(R) / 2 requests (a
+        # standard deviation); that much of the budget is kept back.
+        margin = 0.5 * math.sqrt(1.0 / share) * per_request
+        full = max(0.0, cap * self.kv_budget_fraction - margin)
         # The others' requests in footprints, as ours are counted (what they will hold
-        # by their end, waiting ones included): by count at our mean footprint, and at
-        # least the usage that is not ours.
-        per_request = own / n if n else (self._footprint.value or 0.0)
+        # by their end, waiting ones included): by count at a request's footprint, and
+        # at least the usage that is not ours.
         others = max(0.0, (on_backend - n) * per_request, m.kv_usage * cap - own)
         room = full - own - others
         # Our part of the claim on the room (negative: of the excess to give back): our
@@ -420,13 +446,24 @@ class SluiceLimiter(LimiterBase):
         # once, not R times. Over replicas whose fleet shares add up to 1 the shares add
         # up to 1.
         k = self.fleet_prior_requests
-        share = (min(float(n), on_backend) + k * share) / (on_backend + k)
-        return min(full, max(0.0, own + share * room))
+        part = (min(float(n), on_backend) + k * share) / (on_backend + k)
+        claim = min(full, max(0.0, own + part * room))
+        # P0's floor: our part of the fleet of the whole budget. Claims follow
+        # holdings, so a replica that holds little (a replacement in a rolling update)
+        # claims little of a busy backend; its P0 requests still get its share of it
+        # (what it takes past the room the others leave, they give back at their next
+        # scrapes: the room there is negative).
+        floor = share * full
+        idle = on_backend <= 0 and m.kv_usage <= 0
+        room_tokens = math.inf if idle else own + room
+        first = idle and self.fleet_fresh
+        return claim, SharedRoom(self._fleet_rng.random(), room_tokens, full, floor, first)
 
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
         self._kv_usage = None
         self._kv_scrape_budget = None
+        self._shared = None
         self._hard = False
         self._preemptions_seen = None
 
@@ -476,7 +513,12 @@ class SluiceLimiter(LimiterBase):
                 fp = ahead
         cap = math.inf
         if budget is not None and fp:
-            cap = float(math.floor(budget / fp))
+            # shared: rounded up, for the overdraft past a claim of part of a request
+            shared = self._shared
+            if shared is None:
+                cap = float(math.floor(budget / fp))
+            else:
+                cap = float(math.ceil(max(budget, shared.floor_tokens) / fp))
         if self._engine_cap:
             cap = min(cap, float(self._engine_cap))
         self._cap = cap

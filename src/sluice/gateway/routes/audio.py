@@ -64,9 +64,11 @@ def _form(raw: bytes, content_type: str) -> tuple[dict[str, str], bytes]:
         raise BadRequest("the multipart body could not be read")
     fields: dict[str, str] = {}
     upload: bytes | None = None
-    for part in message.iter_parts():  # type: ignore[attr-defined]
+    for part in message.iter_parts():
         name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True) or b""
+        payload = part.get_payload(decode=True)
+        if not isinstance(payload, bytes):  # a part without a body (decode=True gives bytes)
+            payload = b""
         if name == "file":
             upload = payload
         elif isinstance(name, str):

@@ -100,8 +100,8 @@ class UsageShape:
                 extra = _count(usage.get(key))
                 if extra is not None:
                     prompt += extra
-        key = self.completion_key
-        return prompt, None if key is None else _count(usage.get(key))
+        done = self.completion_key
+        return prompt, None if done is None else _count(usage.get(done))
 
 
 OPENAI_USAGE = UsageShape()  # `prompt_tokens`, `completion_tokens`
