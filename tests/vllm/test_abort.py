@@ -67,20 +67,47 @@ class Round:
     stalled_s: float  # how long the machine ran nothing of this test while it measured
 
 
-def _stream_request(route: str, model: str, rng: random.Random) -> tuple[str, Any, dict[str, str]]:
+def _stream_request(
+    route: str, model: str, rng: random.Random, long_words: str
+) -> tuple[str, Any, dict[str, str]]:
     """(path, body, headers) of a long stream on the route: 16 prompt tokens (about as many
-    words on the text routes) and up to 200 tokens of answer."""
+    words on the text routes) and up to 1,500 tokens of answer (none ends before the 20 are
+    in vLLM together, however fast the machine: they are aborted long before). vLLM's
+    Messages route takes no `ignore_eos`, so its streams all ask with `long_words`, a
+    prompt whose greedy answer is known to run to its limit."""
     words = " ".join(str(rng.randrange(1000)) for _ in range(12))
     if route == "completions":
-        body: Any = completion_body(model, token_prompt(rng, 16), 200)
+        body: Any = completion_body(model, token_prompt(rng, 16), ANSWER_TOKENS)
         return "/v1/completions", body, {"Authorization": "Bearer sk-demo-p0"}
     if route == "responses":
-        body = {"model": model, "input": words, "max_output_tokens": 200}
+        body = {"model": model, "input": words, "max_output_tokens": ANSWER_TOKENS}
         return "/v1/responses", body | STREAMED, {"Authorization": "Bearer sk-demo-p0"}
-    body = {"model": model, "max_tokens": 200, "messages": [{"role": "user", "content": words}]}
+    messages = [{"role": "user", "content": long_words}]
+    body = {"model": model, "max_tokens": ANSWER_TOKENS, "messages": messages}
     return "/v1/messages", body | STREAMED, {"x-api-key": "sk-demo-p0"}
 
 
+async def _long_answer_words(s: aiohttp.ClientSession, vllm: VllmServer) -> str:
+    """Words whose greedy Messages answer, straight from vLLM, reaches PROBE_TOKENS (the
+    tiny random model ends most answers at its end-of-text token sooner or later)."""
+    rng = random.Random(7)
+    for _ in range(20):
+        words = " ".join(str(rng.randrange(1000)) for _ in range(12))
+        body = {
+            "model": vllm.model,
+            "max_tokens": PROBE_TOKENS,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": words}],
+        }
+        async with s.post(vllm.url + "/v1/messages", json=body) as r:
+            if (await r.json()).get("stop_reason") == "max_tokens":
+                return words
+    pytest.fail(f"no prompt of 20 ran to {PROBE_TOKENS} tokens on vLLM's Messages route")
+
+
+# Long enough to outlast the 20 streams' start (SETUP_S at most) on a fast machine
+PROBE_TOKENS = 400
+ANSWER_TOKENS = 1500  # under max_model_len (2,048) with any route's template
 STREAMED = {"stream": True, "ignore_eos": True, "temperature": 0}
 
 
@@ -91,6 +118,7 @@ async def _one_round(
     rng: random.Random,
     stalls: MachineStalls,
     route: str,
+    long_words: str,
 ) -> Round | None:
     """One measurement; None when the 20 streams never were in vLLM together (on a busy
     machine some start late, and the first finish or are preempted before they all run)."""
@@ -103,9 +131,9 @@ async def _one_round(
         return t, time.monotonic(), sum(float(x) for x in _IN_ENGINE.findall(body))
 
     async def open_stream() -> aiohttp.ClientResponse:
-        # 16 + up to 200 tokens: one 128-token KV block each for the first ~112 tokens (20
-        # of vLLM's 31 usable blocks), seconds of work in all
-        path, body, headers = _stream_request(route, vllm.model, rng)
+        # 16 + up to 1,500 tokens: one 128-token KV block each for the first ~112 tokens
+        # (20 of vLLM's 31 usable blocks), then preempted in turn (still in vLLM, waiting)
+        path, body, headers = _stream_request(route, vllm.model, rng, long_words)
         r = await s.post(
             gw.url + path,
             data=orjson.dumps(body),
@@ -120,8 +148,9 @@ async def _one_round(
     streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
     ids = [r.headers["X-Request-Id"] for r in streams]
     deadline = time.monotonic() + SETUP_S
-    while (await in_engine())[2] != STREAMS:
+    while (count := (await in_engine())[2]) != STREAMS:
         if time.monotonic() > deadline:
+            print(f"\nat most {count:.0f} of the {STREAMS} streams were in vLLM")
             for r in streams:
                 r.close()
             return None
@@ -178,9 +207,10 @@ async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer, rou
     rounds: list[Round] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            long_words = await _long_answer_words(s, vllm) if route == "messages" else ""
             for _ in range(ROUNDS):
                 with MachineStalls() as stalls:
-                    r = await _one_round(s, vllm, gw, rng, stalls, route)
+                    r = await _one_round(s, vllm, gw, rng, stalls, route, long_words)
                 if r is None:
                     print("\nthe 20 streams were never in vLLM together: once more")
                     continue

@@ -23,7 +23,11 @@ pytestmark = pytest.mark.integration
 MESSAGES = [{"role": "user", "content": "Tell me about rivers and the bridges over them."}]
 # Random weights: without ignore_eos an answer may stop at any token.
 FULL_LENGTH = {"ignore_eos": True}
-_ENGINE = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running")
+_ENGINE = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
 STREAMS = 24
 
 
@@ -172,23 +176,30 @@ async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServe
 
             streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
             try:
-                # While all run, vLLM holds one block per stream: KV usage sits at
-                # STREAMS/31 and the gateway's scraper (every 250 ms) must report exactly
-                # that, under the gateway's own names.
-                want = STREAMS / 31
+                # While they run, the gateway's scraper (every 250 ms) reports vLLM's KV
+                # usage and queue exactly as vLLM exposes them, under the gateway's own
+                # names: a value the engine showed within the last scrape intervals (how
+                # long one value lasts depends on the machine's speed: the streams grow
+                # a block every ~110 tokens, and outgrow the cache soon after).
+                engine_seen: list[tuple[float, dict[str, float]]] = []
                 deadline = time.monotonic() + 5
                 while True:
-                    now = await engine()
+                    engine_seen.append((time.monotonic(), await engine()))
                     seen = await gateway_view()
                     got = seen.get('sluice_backend_kv_usage{backend="backend-0"}')
                     fresh = seen.get('sluice_backend_metrics_fresh{backend="backend-0"}')
-                    if now["vllm:num_requests_running"] == STREAMS and got == want:
+                    waiting = seen.get('sluice_backend_waiting{backend="backend-0"}')
+                    recent = [v for t, v in engine_seen if t > time.monotonic() - 0.75]
+                    if got and any(
+                        v["vllm:kv_cache_usage_perc"] == got
+                        and v["vllm:num_requests_waiting"] == waiting
+                        for v in recent
+                    ):
                         break
-                    assert time.monotonic() < deadline, (now, got, fresh)
-                assert now["vllm:kv_cache_usage_perc"] == want
+                    assert time.monotonic() < deadline, (recent[-1], got, waiting, fresh)
                 assert fresh == 1.0
+                # the gateway's own count, whatever vLLM runs or has preempted
                 assert seen['sluice_backend_inflight{backend="backend-0"}'] == STREAMS
-                assert seen['sluice_backend_waiting{backend="backend-0"}'] == 0
             finally:
                 for r in streams:
                     r.close()
