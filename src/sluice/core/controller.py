@@ -332,12 +332,7 @@ class Controller:
             on_backend = m.running + (m.waiting or 0.0)
             self._fleet.observe(b.inflight, b.left, on_backend, self._clock.now())
         b.left = 0
-        # what is ours in the scrape's KV usage (the rest is other replicas'), and our
-        # part of the fleet's claim on what is left
-        if hasattr(b.limiter, "own_kv_tokens"):
-            b.limiter.own_kv_tokens = float(b.inflight_tokens)
-            b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
-            b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
+        self._tell_fleet(b)
         self._set_congestion(
             b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
         )
@@ -958,6 +953,14 @@ class Controller:
         """This gateway's estimated part of the fleet sharing its backends (1: alone)."""
         return self._fleet.value
 
+    def _tell_fleet(self, b: BackendState) -> None:
+        """Before a scrape reaches its limiter: what is ours in the scrape's KV usage (the
+        rest is other replicas'), and our part of the fleet's claim on what is left."""
+        if hasattr(b.limiter, "own_kv_tokens"):
+            b.limiter.own_kv_tokens = float(b.inflight_tokens)
+            b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
+            b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
+
     def expect_peers(self, processes: int) -> None:
         """`processes` gateway processes are alive (`--workers`, Redis's count): this
         one's part of the fleet is 1/processes (core/fleet_share.py)."""
@@ -1068,10 +1071,7 @@ class Controller:
                 b.limiter = self._new_limiter(b.name, initial=b.limit)
                 b.limiter.on_release(b.inflight, now)
                 if b.metrics_fresh and b.last_metrics is not None:
-                    if hasattr(b.limiter, "own_kv_tokens"):
-                        b.limiter.own_kv_tokens = float(b.inflight_tokens)
-                        b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
-                        b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
+                    self._tell_fleet(b)
                     b.limiter.on_metrics(b.last_metrics, now)
                 d.refresh(b)
 

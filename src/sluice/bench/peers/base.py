@@ -11,6 +11,7 @@ or later when it queues them). `snapshot()` has the shape the harness samples
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -56,7 +57,7 @@ class PeerRejection:
     retry_window_s: float = 0.0
 
 
-class PeerGateway:
+class PeerGateway(ABC):
     """Shared bookkeeping: backends, health, their last metrics, and who is in flight where.
     Subclasses decide admission (`arrive`) and placement (`dispatch`)."""
 
@@ -74,7 +75,7 @@ class PeerGateway:
 
     # -- the harness's calls -------------------------------------------------------------
 
-    def set_backend_models(self, backend: str, models: Any) -> None:
+    def set_backend_models(self, backend: str, models: Any) -> None:  # noqa: B027 (a no-op default on purpose)
         pass  # every backend serves the bench's one model
 
     def set_backend_health(self, backend: str, healthy: bool) -> None:
@@ -86,8 +87,8 @@ class PeerGateway:
     def metrics_stale(self, backend: str) -> None:
         self.metrics[backend] = None
 
-    def arrive(self, info: RequestInfo) -> PeerAdmission:
-        raise NotImplementedError
+    @abstractmethod
+    def arrive(self, info: RequestInfo) -> PeerAdmission: ...
 
     def expire(self) -> list[PeerRejection]:
         return []
@@ -104,7 +105,7 @@ class PeerGateway:
         self._ready = [a for a in self._ready if a.request_id != request_id]
         self._release(request_id)
 
-    def on_first_token(self, request_id: str) -> None:
+    def on_first_token(self, request_id: str) -> None:  # noqa: B027 (a no-op default on purpose)
         pass
 
     def on_finish(
