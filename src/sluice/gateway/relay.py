@@ -81,7 +81,6 @@ class Relay:
         # only a stream's relay changes it: an answer relayed whole shares one that stays
         state = _StreamState() if ctx.stream else _WHOLE_ANSWER
         backend = ctx.backend
-        route = ctx.route
         # vLLM takes X-Request-Id as its own request id: its logs then name the gateway's
         headers = {**backend.post_headers, "X-Request-Id": ctx.request_id}
         if (trace := ctx.request.headers.get("traceparent")) is not None:
@@ -94,13 +93,7 @@ class Relay:
         timed_out = False
         try:
             try:
-                if route.plain_post:  # most routes: POST a JSON body to a fixed path
-                    call = self._session.post(
-                        backend.url + (route.upstream_path or ""), data=ctx.body, headers=headers
-                    )
-                else:
-                    call = self._call(ctx, headers)
-                async with call as up:
+                async with await self._open(ctx, headers, deadline) as up:
                     if up.status != 200:
                         return await self._backend_refused(ctx, up)
                     if ctx.stream:
@@ -155,6 +148,34 @@ class Relay:
             )
             result.backend_lost = True
             return result
+
+    async def _open(
+        self, ctx: RequestContext, headers: dict[str, str], deadline: UpstreamDeadline
+    ) -> aiohttp.ClientResponse:
+        """The backend's answer, up to its head. A backend may close a kept-alive
+        connection just as a request goes out on it (llama.cpp's HTTP server closes its
+        idle ones on its own terms, uvicorn at its keep-alive timeout): no answer began, so
+        the request was not served, and it is sent once more, on another connection. It
+        costs the backend nothing (a request whose connection closed is aborted by the
+        engine). A second close is the backend's failure."""
+        try:
+            return await self._send(ctx, headers)
+        except aiohttp.ClientConnectorError:
+            raise  # not connected at all: nothing was sent
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # closed or reset (aiohttp resends an idempotent request on either, once)
+            if deadline.expired:  # aiohttp made the deadline's cancellation an error
+                raise
+            self._telemetry.upstream_errors.labels(ctx.backend.name, "resent").inc()
+            return await self._send(ctx, headers)
+
+    def _send(self, ctx: RequestContext, headers: dict[str, str]) -> Any:
+        route = ctx.route
+        if route.plain_post:  # most routes: POST a JSON body to a fixed path
+            return self._session.post(
+                ctx.backend.url + (route.upstream_path or ""), data=ctx.body, headers=headers
+            )
+        return self._call(ctx, headers)
 
     def _call(self, ctx: RequestContext, headers: dict[str, str]) -> Any:
         """The upstream call of a route that is not a plain JSON POST: its own method and
