@@ -18,7 +18,7 @@ from sluice.bench.harness import (
     ArmSpec,
     run_arm,
 )
-from sluice.bench.metrics import arm_results
+from sluice.bench.metrics import arm_results, backend_running
 from sluice.bench.scenario import Retry, Scenario, parse_scenario
 from sluice.bench.workload import ClientRequest
 from sluice.core.limiters import LimiterBase
@@ -334,3 +334,13 @@ def test_a_fleet_scenario_scales_the_gateway_arms_queues() -> None:
     fleet = scenario(backends=32, extra="queueScale: 16")
     assert [q.max_queue_size for q in sluice_policy(fleet, 64).queues] == [3200, 8000, 16000]
     assert fifo_policy(fleet, 64).queues[0].max_queue_size == 16 * 1700
+
+
+def test_backend_running_is_the_mean_over_a_window_of_the_samples() -> None:
+    # two engines sampled at 0, 1, 2, 3 s
+    series = {"t": [0.0, 1.0, 2.0, 3.0], "running": [[1, 2, 3, 4], [5, 6, 7, 8]]}
+    assert backend_running(series, 4.0) == {"mean": 4.5, "max": 8}
+    # a phase from 1 s to before 3 s: the samples at 1 and 2 s of both
+    assert backend_running(series, 3.0, 1.0) == {"mean": 4.5, "max": 7}
+    assert backend_running(series, 2.0, 1.0) == {"mean": 4.0, "max": 6}
+    assert backend_running(series, 9.0, 5.0) == {"mean": None, "max": None}

@@ -174,6 +174,8 @@ def arm_results(
                 "end_s": p.end,
                 "goodput_tokens_per_s": round(phase_good[p.index] / length, 1),
                 "backend_preemptions": preempt_by_phase[p.index],
+                # what the engines ran in the phase (against its sweet spot, below)
+                "backend_running_mean": backend_running(run.series, p.end, p.start)["mean"],
                 "slo_attainment": {
                     c: _r(phase_met[p.index][k] / phase_offered[p.index][k])
                     if phase_offered[p.index][k]
@@ -249,13 +251,17 @@ def arm_results(
     }
 
 
-def backend_running(series: dict[str, Any], until: float) -> dict[str, float | None]:
+def backend_running(
+    series: dict[str, Any], until: float, since: float = 0.0
+) -> dict[str, float | None]:
     """Requests the engines ran (vLLM's num_requests_running, as last published at each
-    sample), per backend, over the samples before `until` (the arrival window): the mean
-    across backends and samples, and the largest."""
+    sample), per backend, over the samples from `since` to before `until` (by default the
+    arrival window): the mean across backends and samples, and the largest."""
     times: list[float] = series.get("t", [])
     cols: list[list[float]] = series.get("running") or []
-    values = [col[k] for col in cols for k, t in enumerate(times) if t < until and k < len(col)]
+    values = [
+        col[k] for col in cols for k, t in enumerate(times) if since <= t < until and k < len(col)
+    ]
     if not values:
         return {"mean": None, "max": None}
     return {"mean": round(sum(values) / len(values), 2), "max": max(values)}

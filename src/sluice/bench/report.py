@@ -37,6 +37,17 @@ def _fmt(x: Any, pct: bool = False, nd: int = 2) -> str:
     return str(x)
 
 
+def _running_of_spot(phase: dict[str, Any]) -> str:
+    """A phase's mean running per engine, and its share of the phase's sweet spot."""
+    running = phase.get("backend_running_mean")
+    spot = phase.get("sweet_spot")
+    if running is None:
+        return "-"
+    if not spot:
+        return f"{running:.1f}"
+    return f"{running:.1f} ({100 * running / spot:.0f}%)"
+
+
 def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The headline table: one row per arm (shared by report.md and the console)."""
     head = [
@@ -670,6 +681,7 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
                     f"{p['goodput_tokens_per_s']:.0f}",
                     str(p["backend_preemptions"]),
                     _fmt(p["slo_attainment"].get("P0"), pct=True),
+                    _running_of_spot(p),
                     _fmt(p.get("limit_settle_s")),
                 ]
             )
@@ -678,7 +690,15 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
             "## Per phase (requests by arrival phase)",
             "",
             _md_table(
-                ["arm", "phase", "goodput tok/s", "preemptions", "P0 SLO", "limit settle s"],
+                [
+                    "arm",
+                    "phase",
+                    "goodput tok/s",
+                    "preemptions",
+                    "P0 SLO",
+                    "running mean (of the sweet spot)",
+                    "limit settle s",
+                ],
                 phase_rows,
             ),
             "",
