@@ -226,6 +226,7 @@ class Controller:
             aging_after_s=policy.dispatcher.aging_after,
             aging_every=aging_every,
             hold_for_large_s=policy.dispatcher.hold_for_large,
+            seed=seed,
         )
         self._records: dict[str, RequestRecord] = {}
         self._thresholds = class_thresholds(policy)
