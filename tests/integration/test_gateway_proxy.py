@@ -273,7 +273,7 @@ def test_sigterm_hands_queued_requests_back_and_lets_open_streams_finish(
             waiting = asyncio.create_task(
                 client.post(gw.url + "/v1/chat/completions", headers=auth, json=body)
             )
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 20
             while gw.metrics().get('sluice_queue_depth{priority="0"}') != 1.0:
                 assert time.monotonic() < deadline, "the second request never queued"
                 await asyncio.sleep(0.05)
@@ -284,8 +284,8 @@ def test_sigterm_hands_queued_requests_back_and_lets_open_streams_finish(
         "POST",
         gw.url + "/v1/chat/completions",
         headers=auth,
-        json={**body, "stream": True},
-        timeout=20,
+        json={**body, "max_tokens": 400, "stream": True},  # it runs while the other waits
+        timeout=60,
     ) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: {"))
@@ -295,7 +295,7 @@ def test_sigterm_hands_queued_requests_back_and_lets_open_streams_finish(
     assert handed_back.json()["error"]["code"] == "shutting_down"
     assert handed_back.headers["retry-after-ms"] == "100"
     assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
-    assert gw.proc.wait(10) == 0
+    assert gw.proc.wait(60) == 0
 
 
 def test_metrics_say_which_version_runs(gateway: GatewayProcess) -> None:
