@@ -250,6 +250,54 @@ def test_sigterm_lets_open_streams_finish(sim_factory: SimFactory) -> None:
     assert gw.proc.wait(10) == 0
 
 
+POLICY_ONE_SLOT = """
+tenants:
+  - {name: chat-app, apiKeys: [sk-demo-p0], priority: 0}
+limiter: {algorithm: fixed, fixedLimit: 1, initialLimit: 1, maxLimit: 1}
+dispatcher: {reserved: {p0: 0.0}}
+"""
+
+
+def test_sigterm_hands_queued_requests_back_and_lets_open_streams_finish(
+    sim_factory: SimFactory,
+) -> None:
+    """A queued request is not kept until the grace period cuts it: at SIGTERM it gets
+    503 `shutting_down` with a short retry-after-ms (another replica takes it)."""
+    sim = sim_factory("--profile", "tiny", "--speed", "0.5")
+    gw = start_gateway([sim.url], POLICY_ONE_SLOT)
+    auth = {"Authorization": "Bearer sk-demo-p0"}
+    body = {"model": _model(sim), "messages": PROMPT, "max_tokens": 40, "ignore_eos": True}
+
+    async def queued_then_sigterm() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=20) as client:
+            waiting = asyncio.create_task(
+                client.post(gw.url + "/v1/chat/completions", headers=auth, json=body)
+            )
+            deadline = time.monotonic() + 20
+            while gw.metrics().get('sluice_queue_depth{priority="0"}') != 1.0:
+                assert time.monotonic() < deadline, "the second request never queued"
+                await asyncio.sleep(0.05)
+            os.kill(gw.proc.pid, signal.SIGTERM)
+            return await waiting
+
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        headers=auth,
+        json={**body, "max_tokens": 400, "stream": True},  # it runs while the other waits
+        timeout=60,
+    ) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        handed_back = asyncio.run(queued_then_sigterm())
+        rest = list(lines)
+    assert handed_back.status_code == 503
+    assert handed_back.json()["error"]["code"] == "shutting_down"
+    assert handed_back.headers["retry-after-ms"] == "100"
+    assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
+    assert gw.proc.wait(60) == 0
+
+
 def test_metrics_say_which_version_runs(gateway: GatewayProcess) -> None:
     """An operator can tell replicas of different versions apart mid-rollout."""
     key = f'sluice_build_info{{version="{sluice.__version__}"}}'

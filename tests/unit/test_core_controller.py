@@ -8,10 +8,10 @@ import pytest
 
 from sluice.config import LimiterPolicy, Policy
 from sluice.core.clock import FakeClock
-from sluice.core.controller import Controller
+from sluice.core.controller import HANDOVER_RETRY_S, Controller
 from sluice.core.limiters import LimiterBase, SluiceLimiter
 from sluice.core.request_record import RequestState
-from sluice.core.types import BackendMetrics, Outcome, RequestInfo, Sample
+from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
 
 
 def policy(limit: int = 4, algorithm: str = "fixed", **extra: object) -> Policy:
@@ -337,3 +337,37 @@ def test_a_pinned_request_waits_for_its_own_backend() -> None:
     assert [(a.request_id, a.backend) for a in c.dispatch()] == [("lower", other)]
     c.on_finish("busy", Outcome.OK, 10, 10)
     assert [(a.request_id, a.backend) for a in c.dispatch()] == [("pinned", pinned_to)]
+
+
+def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -> None:
+    """SIGTERM: every queued request is handed back at once (503 shutting_down, retry on
+    another replica), nothing is admitted any more, what is in flight finishes; the
+    counters still add up."""
+    clock = FakeClock()
+    c = Controller(policy(limit=1), clock, ["b0"])
+    c.arrive(req("a"))
+    c.step()  # "a" runs
+    c.arrive(req("b"))
+    c.arrive(req("c", prio=1))
+    clock.advance(3.0)
+    c.hand_over()
+    c.hand_over()  # a second signal changes nothing
+    step = c.step()
+    assert step.assignments == []
+    assert [(r.request_id, r.code.value, r.retry_after_s, r.queued_s) for r in step.rejections] == [
+        ("b", "shutting_down", HANDOVER_RETRY_S, 3.0),
+        ("c", "shutting_down", HANDOVER_RETRY_S, 3.0),
+    ]
+    late = c.arrive(req("d"))
+    assert (late.queued, late.code, late.retry_after_s) == (
+        False,
+        RejectCode.SHUTTING_DOWN,
+        HANDOVER_RETRY_S,
+    )
+    c.on_finish("a", Outcome.OK, 244, 100)
+    assert c.step().assignments == []
+    snap = c.snapshot()["classes"]
+    assert snap["P0"]["queued"] == 0 and snap["P1"]["queued"] == 0
+    assert snap["P0"]["dropped"] == {"shutting_down": 1}
+    assert snap["P0"]["admitted"] == snap["P0"]["dispatched"] + 1  # "a" ran, "b" handed back
+    assert snap["P0"]["rejected"] == {"shutting_down": 1}

@@ -28,7 +28,7 @@ class SharedLimiter(LimiterBase):
         first_free: bool = False,
     ) -> None:
         self.budget = budget
-        self.shared = SharedRoom(draw, room, 3000.0, floor, first_free)
+        self.shared: SharedRoom | None = SharedRoom(draw, room, 3000.0, floor, first_free)
 
     @property
     def limit(self) -> int:
@@ -138,3 +138,29 @@ def test_a_shared_limiter_keeps_back_the_spread_of_the_replicas_draws() -> None:
     assert lim.limit == 1  # part of a request, rounded up: the budget and the draw decide
     alone = _limiter_on(0.0, share=1.0)
     assert alone.kv_shared is None and alone.kv_budget_tokens == 0.8 * 4096
+
+
+def _first_choice(seed: str, shared: bool) -> str:
+    """Where a replica with this seed sends one request when 8 backends tie."""
+    names = [f"b{i}" for i in range(8)]
+
+    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> SharedLimiter:
+        lim = SharedLimiter(1000.0, draw=0.0)
+        if not shared:
+            lim.shared = None  # a lone gateway
+        return lim
+
+    policy = Policy.model_validate({"limiter": {"algorithm": "fixed", "fixedLimit": 8}})
+    c = Controller(policy, FakeClock(), names, limiter_factory=factory, seed=seed)
+    placed = c.arrive(RequestInfo("a", "t", 0, "m", COST - 50, 100), take=True).assignment
+    assert placed is not None
+    return placed.backend
+
+
+def test_replicas_break_ties_between_shared_backends_in_their_own_orders() -> None:
+    """Equally loaded by their own counts (nothing of theirs anywhere), replicas would all
+    pick the same backend by name; on shared backends each has its own order (a hash of
+    its seed and the name), alone the name decides."""
+    picks = [_first_choice(f"replica-{k}", shared=True) for k in range(8)]
+    assert picks == ["b0", "b3", "b6", "b7", "b4", "b6", "b2", "b3"]  # 6 of the 8 backends
+    assert {_first_choice(f"replica-{k}", shared=False) for k in range(8)} == {"b0"}

@@ -23,8 +23,10 @@ Kubernetes runs Sluice as a Deployment behind a Service (deploy/k8s/deployment.y
     healthy); the old one leaves the Service's endpoints `propagation` later (kube-proxy
     catching up), runs its preStop sleep, then gets SIGTERM and drains as `sluice serve`
     does (gateway/serve_cmd.py): nothing new (a straggler gets 503 `shutting_down`),
-    queued and running requests go on for `server.shutdownGrace`; what is left then is
-    cut (the client sees its connection closed and retries as it does after a failure).
+    its queued requests handed back at once (503 `shutting_down`, retried on another
+    replica: `Controller.hand_over`), running requests go on for `server.shutdownGrace`;
+    what is left then is cut (the client sees its connection closed and retries as it
+    does after a failure).
 """
 
 from __future__ import annotations

@@ -519,7 +519,9 @@ class _Run:
             self.draining[k] = True
             stats["sigterm_at"] = t
             stats["open_at_sigterm"] = self._open_counts(k)
-            if self.conns[k] == 0:
+            self.ctrls[k].hand_over()  # its queued requests retry on the others
+            self._pump(t, k)
+            if self.conns[k] == 0 and self.running_gw[k]:
                 self._replica_exits(t, k, cut=False)
         elif action == "kill":
             self._replica_exits(t, k, cut=True)

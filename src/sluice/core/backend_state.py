@@ -30,6 +30,8 @@ class BackendState:
         "prefill_budget",
         "prefill_tokens",
         "removed",
+        "shuffled",
+        "tie",
     )
 
     def __init__(self, name: str, limiter: Limiter) -> None:
@@ -55,6 +57,11 @@ class BackendState:
         self.last_metrics: BackendMetrics | None = None
         self.metrics_fresh = False
         self.removed = False  # dropped by set_backends while requests were in flight
+        # The last tie-break between backends equally loaded by our count: the name when
+        # alone; on a shared backend `shuffled`, this replica's own order of the backends
+        # (core/dispatcher.py, "Backend choice").
+        self.tie = name
+        self.shuffled = name
         self.congestion: float | None = None  # from the last fresh scrape (pressure.B)
         # What this backend adds to the dispatcher's totals (for O(1) pressure).
         self.counted_inflight = 0

@@ -40,7 +40,10 @@ Rules (docs/overload.md):
   * Backend choice: among healthy backends serving the model with a free slot for the
     class and room in their KV budget and prefill bound, the one with the fewest
     requests in flight; ties go to the fewest estimated tokens in flight, then to the
-    name. A request pinned to a
+    name, or on shared backends to this replica's own order of them (a hash of its seed
+    and the name): replicas that each hold nothing on most engines would otherwise all
+    pick the same ones (in `sluice bench fleet` the preemptions were engines that 5 to 8
+    replicas had filled within a scrape interval). A request pinned to a
     backend (RequestInfo.backend: a continuation of a response stored there) waits for a
     slot on that one; at the head of its class it holds its class back until then (a
     slot frees with the next finish there), not the lower classes. A backend with nothing
@@ -67,6 +70,7 @@ dispatch call with no free slot is O(1) and a placement is O(backends with a fre
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 
@@ -99,6 +103,7 @@ class Dispatcher:
         aging_after_s: float = 10.0,
         aging_every: int = 5,
         hold_for_large_s: float = 2.0,
+        seed: int | str = 0,
     ) -> None:
         if aging_every < 1:
             raise ValueError("aging_every must be at least 1")
@@ -106,6 +111,7 @@ class Dispatcher:
         self.aging_after_s = aging_after_s
         self.aging_every = aging_every
         self.hold_for_large_s = hold_for_large_s
+        self.seed = seed  # this replica's order of the shared backends (`shuffled`)
         # the earliest time a large request holding the others back stops (last pass)
         self.hold_ends_at: float | None = None
         self.backends: dict[str, BackendState] = {}
@@ -121,6 +127,8 @@ class Dispatcher:
     # -- the backend registry ----------------------------------------------------------
 
     def add(self, b: BackendState) -> None:
+        key = f"{self.seed}/{b.name}".encode()
+        b.shuffled = hashlib.blake2b(key, digest_size=8).hexdigest()
         self.backends[b.name] = b
         self.refresh(b)
         self._recount_models()
@@ -211,7 +219,8 @@ class Dispatcher:
             b.cap_low = low_cap(limit, self.reserved_p0)
         b.kv_budget = limiter.kv_budget_tokens
         b.prefill_budget = limiter.prefill_budget_tokens
-        b.kv_shared = limiter.kv_shared
+        b.kv_shared = shared = limiter.kv_shared
+        b.tie = b.name if shared is None else b.shuffled
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -337,7 +346,7 @@ class Dispatcher:
             elif b.inflight_tokens != best.inflight_tokens:
                 if b.inflight_tokens < best.inflight_tokens:
                     best = b
-            elif b.name < best.name:
+            elif b.tie < best.tie:
                 best = b
         return best
 

@@ -22,6 +22,9 @@ class RejectCode(StrEnum):
     CANNOT_SERVE_IN_TIME = "cannot_serve_in_time"
     # No healthy backend serves the model (answered 503, not 429).
     NO_BACKEND = "no_backend"
+    # Queued when this gateway began to shut down: handed back to be retried on another
+    # replica at once (answered 503, as a request arriving during the shutdown).
+    SHUTTING_DOWN = "shutting_down"
     # The prompt is larger than the KV cache of every backend serving the model: it can
     # never run anywhere (answered 400, not retried).
     TOO_LARGE = "context_length_exceeded"

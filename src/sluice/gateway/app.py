@@ -79,12 +79,16 @@ class Gateway:
                 # the processes sharing the quotas share the backends: the fleet share
                 on_processes=lambda n: self.controller.expect_peers(n),
             )
+        # unique to this process: another replica's booking token names its own slots,
+        # and replicas sharing the backends draw past their claims independently and
+        # break ties between backends in their own orders (core/dispatcher.py)
+        process = f"{os.getpid():x}{secrets.token_hex(3)}"
         self.controller = Controller(
             policy,
             self.clock,
             quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
-            # booking ids unique to this process: another replica's token names its own
-            return_slots={"id_prefix": f"{os.getpid():x}{secrets.token_hex(3)}-"},
+            return_slots={"id_prefix": f"{process}-"},
+            seed=process,
         )
         self.tokens = BookingTokens(booking_secret(policy.retry_after.secret_env), self.clock.now)
         self.keyring = KeyRing(policy)
@@ -196,6 +200,9 @@ class Gateway:
     def draining(self, value: bool) -> None:
         self._draining = value
         self.path.draining = value
+        if value:  # the queued requests retry on another replica (Controller.hand_over)
+            self.controller.hand_over()
+            self.bridge.pump()
 
     async def _flush_access_log(self) -> None:
         while True:

@@ -57,7 +57,8 @@ class ErrorShape:
         headers: dict[str, str],
         within_s: float | None = None,
     ) -> web.Response:
-        """A refusal by the gateway (429, or 503 when no backend serves the model);
+        """A refusal by the gateway (429, or 503 when no backend serves the model or the
+        gateway shuts down);
         `within_s`: what is left of the client's deadline (errors.retry_after_headers)."""
         return errors.reject_response(code, retry_after_s, queue, headers, within_s)
 

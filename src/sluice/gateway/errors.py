@@ -87,6 +87,7 @@ _REJECT_MESSAGES = {
     "pressure; retry after the indicated delay.",
     RejectCode.TENANT_QUOTA: "The tenant's quota is used up; retry after the indicated delay.",
     RejectCode.NO_BACKEND: "No healthy backend serves this model right now; retry shortly.",
+    RejectCode.SHUTTING_DOWN: "The gateway is shutting down; retry on another replica.",
     RejectCode.CANNOT_SERVE_IN_TIME: "The {queue} class has no room for this request before "
     "its deadline (X-Request-Timeout / X-Stainless-Timeout); the earliest room is in about "
     "{room} s. Retrying sooner will not help.",
@@ -114,7 +115,7 @@ def reject_response(
     message = reject_message(code, queue, retry_after_s)
     if code is RejectCode.TOO_LARGE:  # the client's to fix: no retry
         return error_response(400, message, code.value, headers)
-    status = 503 if code is RejectCode.NO_BACKEND else 429
+    status = 503 if code in (RejectCode.NO_BACKEND, RejectCode.SHUTTING_DOWN) else 429
     if code is RejectCode.CANNOT_SERVE_IN_TIME:
         return error_response(status, message, code.value, {**headers, "x-should-retry": "false"})
     hdrs = {**headers, **retry_after_headers(retry_after_s, within_s)}

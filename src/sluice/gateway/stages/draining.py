@@ -1,5 +1,6 @@
 """Stage 3: while the gateway shuts down it takes no new request (503, Retry-After 1:
-another replica will); what is in flight may finish within server.shutdownGrace."""
+another replica will); what is in flight may finish within server.shutdownGrace. The
+queued ones are handed back at SIGTERM (`Controller.hand_over`: 503 `shutting_down`)."""
 
 from __future__ import annotations
 
