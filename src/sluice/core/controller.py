@@ -38,7 +38,6 @@ from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
 from sluice.core.fleet_share import FleetShare
 from sluice.core.limiters import Limiter, make_limiter
-from sluice.core.p0_reserve import P0Reserve
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
@@ -225,7 +224,6 @@ class Controller:
             aging_every=aging_every,
             hold_for_large_s=policy.dispatcher.hold_for_large,
         )
-        self._p0_reserve = P0Reserve(policy.dispatcher.reserved.p0)
         self._records: dict[str, RequestRecord] = {}
         self._thresholds = class_thresholds(policy)
         self._drain = DrainEstimator(
@@ -340,17 +338,6 @@ class Controller:
         )
         b.limiter.on_metrics(m, self._clock.now())
         self._dispatcher.refresh(b)
-        self._size_p0_reserve()
-
-    def _size_p0_reserve(self) -> None:
-        """The P0 reserve follows P0's demand (core/p0_reserve.py), once per scrape."""
-        d = self._dispatcher
-        demand = len(self._queues[0]) + sum(
-            b.inflight_by_class[0] for b in d.backends.values() if b.healthy
-        )
-        reserved = self._p0_reserve.update(demand, d.limit_total, self._clock.now())
-        if abs(reserved - d.reserved_p0) > 0.01:
-            d.set_reserved(reserved)
 
     def metrics_stale(self, backend: str) -> None:
         b = self._dispatcher.backends.get(backend)
@@ -1072,7 +1059,6 @@ class Controller:
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
         d.hold_for_large_s = policy.dispatcher.hold_for_large
-        self._p0_reserve.floor = policy.dispatcher.reserved.p0
         d.set_reserved(policy.dispatcher.reserved.p0)
         for b in d.backends.values():
             if hasattr(b.limiter, "usable_share"):

@@ -4,8 +4,7 @@ Rules (docs/overload.md):
   * Strict priority: P0's next request first, then P1's, then P2's. When a class's next
     request cannot be placed, lower classes may only use backends that do not serve its
     model (they would take what it is waiting for).
-  * Reserved P0 slots (the controller sizes reserved.p0 to P0's demand: core/p0_reserve.py):
-    P1 and P2 may fill a backend only up to
+  * Reserved P0 slots: P1 and P2 may fill a backend only up to
     cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
     (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget.
   * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
