@@ -2,7 +2,10 @@
 `openai` SDK (Responses stream and not, embeddings) and `anthropic` SDK (messages.create,
 messages.stream, messages.count_tokens) get the same content as straight from vLLM; and a
 mixed flood over chat, Responses, Messages and embeddings at 3x capacity, in three
-classes: no preemption, P0 served on every route, embeddings and chat both served.
+classes: no preemption, P0 served and within its SLO on every route (its median first
+token within the objective and most requests within it end to end: margins a machine
+stall does not break), lower classes refused first with Retry-After, embeddings and chat
+both served.
 
 Embeddings come from a second vLLM serving the same tiny model as an embedding model
 (conftest.py `vllm_pooling`). Greedy decoding (temperature 0) of the same prompt gives
@@ -231,7 +234,7 @@ async def _flood(url_of: dict[str, str], model: str, embed_model: str) -> list[d
                 results.append(
                     {"route": route, "priority": priority, "status": r.status, "code": code,
                      "seconds": time.monotonic() - started, "ttft": ttft, "tpot": tpot,
-                     "tokens": tokens}
+                     "tokens": tokens, "retry_after": r.headers.get("Retry-After")}
                 )  # fmt: skip
                 if r.status in (429, 529, 503):
                     await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
@@ -308,7 +311,7 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
     for r in results:
         table.setdefault((r["route"], r["priority"]), Counter())[r["status"]] += 1
     _report(f"mixed flood straight to vLLM: {direct_preemptions:.0f} preemptions", direct)
-    _report(f"the same flood through Sluice: {preemptions:.0f} preemptions", results)
+    attainment = _report(f"the same flood through Sluice: {preemptions:.0f} preemptions", results)
     assert preemptions == 0
     # every answer was served, or an overload refusal the client can retry
     assert {r["status"] for r in results} <= {200, 429, 503, 529}, Counter(
@@ -317,11 +320,32 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
     for route, _ in MIX:
         p0 = table.get((route, 0), Counter())
         assert p0[200] > 0 and p0[200] >= 0.9 * sum(p0.values()), (route, p0)
-    # P0's SLO attainment per route is printed above, not asserted: on this CPU engine
-    # (a KV cache of ~7 requests, TPOT ~4 ms) P0 waits for P1's slots to free, and the
-    # closed-loop clients send more generation through Sluice than straight (their
-    # embeddings come back sooner): docs/bench.md, "Mixed routes", has the figures.
-    # embeddings are neither starved by generation nor starve it: in P1 (P2 is refused
-    # first under pressure, on every route) both are served
+    # P0's SLO on every generation route, with margins a machine stall (the CI VM stalls
+    # up to ~4 s) does not break: P0's median first token within the objective, and most
+    # of P0's requests within it end to end (the exact attainments are printed above and
+    # in docs/bench.md, "Mixed routes"; straight to vLLM as a reference, not asserted).
+    # Embeddings are not asserted: the gateway queues them behind a KV cap of 2 on the
+    # pooling engine, which straight to vLLM runs 7 at once without preemption, so P0's
+    # embeddings fare worse through Sluice than straight (docs/bench.md: not met).
+    for route, share in attainment.items():
+        if route == "embeddings":
+            continue
+        ttfts = sorted(
+            r["ttft"]
+            for r in results
+            if (r["route"], r["priority"], r["status"]) == (route, 0, 200) and r["ttft"]
+        )
+        assert ttfts[len(ttfts) // 2] <= P0_TTFT_S, (route, ttfts)
+        assert share >= 0.5, (route, share)
+    # lower classes are refused first, each refusal with its Retry-After
+    refused = [r for r in results if r["status"] != 200]
+    assert all(r["retry_after"] for r in refused), [r for r in refused if not r["retry_after"]]
+    rates = [
+        sum(r["status"] != 200 for r in results if r["priority"] == p)
+        / max(1, sum(r["priority"] == p for r in results))
+        for p in (0, 1, 2)
+    ]
+    assert rates[0] <= rates[1] <= rates[2] and rates[2] > 0, rates
+    # embeddings are neither starved by generation nor starve it: in P1 both are served
     generated = sum(table.get((r, 1), Counter())[200] for r in ("chat", "responses", "messages"))
     assert generated > 0 and table[("embeddings", 1)][200] > 0, table
