@@ -229,26 +229,6 @@ def test_pending_ttft_alarm() -> None:
     assert lim.last_cut_reason == "ttft-pending"
 
 
-def test_a_slow_first_token_while_the_engine_queues_nothing_does_not_cut() -> None:
-    """A CPU engine sharing its cores (the real-vLLM flood) answers 3-12x slower than its
-    best moment with nothing waiting: cutting then held the limit at 1 for a whole flood.
-    The cuts resume with the first scrape that shows a queue."""
-    lim = limiter()
-    lim.on_dispatch(5, 100, 0.0)
-    ttft(lim, 0.05, 0.0)  # base 1e-4
-    lim.on_metrics(BackendMetrics(at=0.1, waiting=0, running=5, kv_usage=0.3), 0.1)
-    ttft(lim, 0.5, 0.2, sent_at=0.15)  # x = 10
-    lim.on_sample(Sample(ttft_s=0.2, sent_at=0.15, extra={"pending": 1.0}), 0.3)
-    assert lim.limit == 20 and lim.cuts == 0
-    lim.on_metrics(BackendMetrics(at=0.4, waiting=1, running=5, kv_usage=0.3), 0.4)
-    ttft(lim, 0.5, 0.5, sent_at=0.45)
-    assert lim.limit == 16 and lim.last_cut_reason == "ttft"
-    # KV near full is no room to spare either: latency cuts as before
-    lim.on_metrics(BackendMetrics(at=0.8, waiting=0, running=5, kv_usage=0.85), 0.8)
-    lim.on_sample(Sample(ttft_s=0.2, sent_at=0.85, extra={"pending": 1.0}), 0.9)
-    assert lim.limit == 12 and lim.last_cut_reason == "ttft-pending"
-
-
 # -- TPOT, drops, KV budget ----------------------------------------------------------------
 
 

@@ -40,11 +40,7 @@ Control:
     `cut_interval_s`; a latency or drop sample only cuts when its request was sent after
     the last cut (older ones describe the old limit); a hard signal only cuts when
     in-flight <= limit (the last cut has taken effect). One burst of bad signals costs one
-    cut, not a collapse to the minimum. The first-token cuts (short > ttft_jump, a
-    pending TTFT) wait while the last scrape showed nothing waiting and KV usage below
-    kv_low: the engine runs all it was sent, so a slow first token is its speed (a CPU
-    engine sharing its cores), not a queue fewer requests would shorten (the real-vLLM
-    mixed flood). With `cut_from_cap` (`slo` sets it), a cut the KV
+    cut, not a collapse to the minimum. With `cut_from_cap` (`slo` sets it), a cut the KV
     or engine cap would absorb (limit x decrease still above the cap) is taken from the
     cap: the limit in force comes down.
   * Grow only on a good first-token sample (short <= ttft_grow_below, TPOT EWMA <=
@@ -210,11 +206,6 @@ class SluiceLimiter(LimiterBase):
         self._shared: SharedRoom | None = None  # ... when other replicas use the backend
         self._fleet_rng = random.Random(f"{seed}/fleet")
         self._hard = False  # the last scrape showed hard congestion
-        # The last scrape showed the engine running every request sent to it (nothing
-        # waiting) with KV room to spare: a slow first token then is the engine's speed
-        # (a CPU engine sharing its cores, a machine stall), not a queue, and is no cause to
-        # cut; the next scrape that shows a queue ends it (within a scrape interval).
-        self._engine_keeps_up = False
         self._preemptions_seen: float | None = None
         self._engine_cap: int | None = None  # requests the engine accepts at once
         self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
@@ -349,8 +340,7 @@ class SluiceLimiter(LimiterBase):
             self._cut(now, sample.sent_at, "drop")
             return
         if sample.extra.get("pending"):
-            if not self._engine_keeps_up:
-                self._cut(now, sample.sent_at, "ttft-pending")
+            self._cut(now, sample.sent_at, "ttft-pending")
             return
         if sample.e2e_s is None:
             if sample.ttft_s is not None:
@@ -384,8 +374,7 @@ class SluiceLimiter(LimiterBase):
         expected = self._expected(work, base)
         short = self._ttft.update(ttft / expected)
         if short > self.ttft_jump:
-            if not self._engine_keeps_up:  # slow, not queued: fewer would not be faster
-                self._cut(now, sample.sent_at, "ttft")
+            self._cut(now, sample.sent_at, "ttft")
         elif short <= self.ttft_grow_below:
             self._maybe_grow(now)
 
@@ -417,12 +406,6 @@ class SluiceLimiter(LimiterBase):
                 reason = "preemption"
             self._preemptions_seen = m.preemptions_total
         self._waiting_before = waiting
-        self._engine_keeps_up = (
-            m.waiting is not None
-            and not waiting
-            and not reason
-            and (m.kv_usage is None or m.kv_usage < self.kv_low)
-        )
         # A single waiting scrape does not cut, but it is no time to grow either.
         self._hard = bool(reason) or waiting
         if reason and self._inflight <= self._effective:
@@ -482,7 +465,6 @@ class SluiceLimiter(LimiterBase):
         self._kv_scrape_budget = None
         self._shared = None
         self._hard = False
-        self._engine_keeps_up = False
         self._preemptions_seen = None
 
     # -- control ---------------------------------------------------------------------
