@@ -38,7 +38,7 @@ The shell sends `Retry-After: clamp(ceil(t), 1, 60)` and `retry-after-ms: round(
 (gateway/errors.py). Tenant quotas compute their own value from the quota window.
 
 Within the client's deadline (X-Request-Timeout / X-Stainless-Timeout). `Retry-After` is
-whole seconds and at least 1 (HTTP; DESIGN.md section 4), so a refusal can point the
+whole seconds and at least 1 (HTTP delay-seconds), so a refusal can point the
 client back within its deadline only when at least `MIN_RETRY_AFTER_S` of it is left and
 its delay fits in what is left; otherwise it is answered `cannot_serve_in_time`
 (`deadline_code`), and the client is not told to come back.
