@@ -95,8 +95,8 @@ class Objective(_Model):
         return self
 
 
-# Each class's objective when its queue states none: the bench's SLOs of DESIGN.md
-# section 4 (P0 interactive, P1 agents that may wait 10-15 s, P2 batch within a minute).
+# Each class's objective when its queue states none: the bench's SLOs
+# (docs/bench.md; P0 interactive, P1 agents that may wait 10-15 s, P2 batch within a minute).
 DEFAULT_OBJECTIVES: dict[int, Objective] = {
     0: Objective(ttft=1.0, tpot=0.1),
     1: Objective(ttft=15.0),

@@ -1,5 +1,5 @@
 """`sluice bench` end to end in virtual time on a small scenario: the files a user gets and
-the results.json schema DESIGN.md section 4 fixes; clear errors for bad input."""
+the results.json schema docs/bench.md lists; clear errors for bad input."""
 
 from __future__ import annotations
 

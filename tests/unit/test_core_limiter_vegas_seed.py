@@ -1,4 +1,4 @@
-"""vegas-seed follows the seed's Go AdaptiveLimiter rule for rule (DESIGN.md S7)."""
+"""vegas-seed follows the seed's Go AdaptiveLimiter rule for rule (docs/limiter.md)."""
 
 from __future__ import annotations
 

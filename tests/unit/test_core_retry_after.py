@@ -10,7 +10,6 @@ from sluice.core.ewma import DecayingRate
 from sluice.core.retry_after import (
     DrainEstimator,
     deadline_code,
-    header_values,
     refusal_excess,
 )
 from sluice.core.types import RejectCode
@@ -31,14 +30,6 @@ def test_decaying_rate_converges_to_a_steady_rate() -> None:
     for i in range(2000):
         r.record(i * 0.01)  # 100 per second
     assert r.rate(20.0) == pytest.approx(100.0, rel=0.01)
-
-
-def test_header_values() -> None:
-    assert header_values(2.0) == (2, 2000)
-    assert header_values(2.3) == (3, 2300)  # whole seconds round up
-    assert header_values(0.25) == (1, 250)  # at least 1 s; the ms header is exact
-    assert header_values(75.0) == (60, 60000)  # at most 60 s
-    assert header_values(0.0) == (1, 1)  # never 0
 
 
 def test_a_refusal_whose_retry_after_does_not_fit_the_deadline_cannot_be_served_in_time() -> None:

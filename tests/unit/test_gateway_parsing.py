@@ -104,7 +104,7 @@ def test_a_retry_after_within_the_clients_deadline_stays_within_it_in_whole_seco
         "retry-after-ms": "1300",
     }
     assert retry_after_headers(2.75, within_s=3.0)["Retry-After"] == "3"  # it fits
-    # never below 1, whatever is left (DESIGN.md: whole seconds, at least 1); with less
+    # never below 1, whatever is left (HTTP: whole seconds, at least 1); with less
     # than 1 s left the core answers cannot_serve_in_time instead (test_core_retry_after)
     assert retry_after_headers(0.4, within_s=0.9) == {
         "Retry-After": "1",

@@ -1,4 +1,4 @@
-"""The arms every benchmark compares (DESIGN.md section 5), as gateway policies.
+"""The arms every benchmark compares (docs/bench.md), as gateway policies.
 
 * `direct`: no gateway; round robin straight to the backends.
 * `static`: the fixed limiter at the first phase's sweet spot (what an operator who

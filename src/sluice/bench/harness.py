@@ -895,7 +895,7 @@ class _Run:
             self.was_waiting[b] = False
         end = result.end
         if result.duration <= 0 and engine.has_work():
-            end = t + self.profile.step_overhead_s or 1e-3  # never spin in place
+            end = t + (self.profile.step_overhead_s or 1e-3)  # never spin in place
         self.busy[b] = True
         self.push(end, _STEP_END, (b, self.engine_gen[b], result, state))
 
@@ -1009,8 +1009,6 @@ class _Run:
             # victim was still in a chunked prefill)
             if r is not None:
                 self.preempted_tokens += r.spec.prompt_tokens + r.tokens
-            else:
-                self.preempted_tokens += 0
 
     # -- scrapes, health, failures ------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""From one arm's raw run to the figures of results.json (DESIGN.md section 4), with the
+"""From one arm's raw run to the figures of results.json, with the
 definitions docs/bench.md gives:
 
 * offered: logical requests of the class (a request and its retries count once);

@@ -1,4 +1,4 @@
-"""Circuit breakers, per backend and per feature (DESIGN.md S10).
+"""Circuit breakers, per backend and per feature (docs/degradation.md).
 
 A breaker is CLOSED while things go well. It OPENS when, over a sliding window, the share
 of failed requests (errors, timeouts) reaches `error_rate` with at least `min_requests`

@@ -42,13 +42,13 @@ from sluice.core.pressure import PressureInputs, backend_congestion, compute_pre
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
 from sluice.core.retry_after import (
-    MIN_RETRY_AFTER_S,
     DrainEstimator,
     deadline_code,
+    no_retry_fits,
     refusal_excess,
 )
 from sluice.core.return_slots import Offer, ReturnLedger
-from sluice.core.token_cost import TokenCostModel
+from sluice.core.token_cost import TokenCostModel, footprint_tokens
 from sluice.core.types import (
     SIGNALS,
     Admission,
@@ -200,8 +200,6 @@ class Controller:
         rate_tau_s: float = 2.0,
         ttft_alpha: float = 0.1,
         no_backend_retry_s: float = 2.0,
-        kv_low: float = 0.85,
-        kv_high: float = 0.95,
         quotas: TenantQuotas | None = None,
         cost_model: TokenCostModel | None = None,
         seed: int | str = 0,
@@ -257,8 +255,6 @@ class Controller:
         self._seq = 0
         self._counters = [ClassCounters() for _ in PRIORITIES]
         self._no_backend_retry_s = no_backend_retry_s
-        self._kv_low = kv_low
-        self._kv_high = kv_high
         self._congestion_sum = 0.0
         self._congestion_n = 0
         # our part of the fleet of gateway replicas sharing the backends (fleet_share.py)
@@ -338,9 +334,7 @@ class Controller:
             self._fleet.observe(b.inflight, b.left, on_backend, self._clock.now())
         b.left = 0
         self._tell_fleet(b)
-        self._set_congestion(
-            b, backend_congestion(m.kv_usage, m.waiting, self._kv_low, self._kv_high)
-        )
+        self._set_congestion(b, backend_congestion(m.kv_usage, m.waiting))
         b.limiter.on_metrics(m, self._clock.now())
         self._dispatcher.refresh(b)
 
@@ -484,7 +478,7 @@ class Controller:
             expected_out = max(1, req.sequences) * cost.expected_output(
                 req.tenant, req.model, req.max_tokens
             )
-        return prompt, expected_out, max(1, int(prompt + expected_out + 0.999999))
+        return prompt, expected_out, footprint_tokens(prompt, expected_out)
 
     def cost_of(self, req: RequestInfo) -> int:
         """The request's estimated cost in tokens, as `arrive` would charge the tenant's
@@ -528,7 +522,7 @@ class Controller:
             return Refusal(code, self._retry_after(prio, now, code, patience))
         ledger = self._ledger
         not_after = None if give_up_at is None else give_up_at - self._ttft.get(0.0)
-        if give_up_at is not None and give_up_at - now < MIN_RETRY_AFTER_S:
+        if give_up_at is not None and no_retry_fits(now, give_up_at):
             not_after = -math.inf  # no whole-second Retry-After fits in what is left
         offer = self._offer(prio, now, tenant, not_after)
         returns = self._returns[prio]
@@ -986,10 +980,7 @@ class Controller:
     def _tell_fleet(self, b: BackendState) -> None:
         """Before a scrape reaches its limiter: what is ours in the scrape's KV usage (the
         rest is other replicas'), and our part of the fleet's claim on what is left."""
-        if hasattr(b.limiter, "own_kv_tokens"):
-            b.limiter.own_kv_tokens = float(b.inflight_tokens)
-            b.limiter.fleet_share = self._fleet.value  # type: ignore[attr-defined]
-            b.limiter.fleet_fresh = self._fleet.fresh  # type: ignore[attr-defined]
+        b.limiter.on_fleet(float(b.inflight_tokens), self._fleet.value, self._fleet.fresh)
 
     def expect_peers(self, processes: int) -> None:
         """`processes` gateway processes are alive (`--workers`, Redis's count): this
@@ -1037,9 +1028,9 @@ class Controller:
                 "models": sorted(b.models),
                 **_signals(b.last_metrics),
             }
-            describe = getattr(b.limiter, "describe", None)
-            if describe is not None:
-                backends[b.name]["limiter"] = describe()
+            inner = b.limiter.describe()
+            if inner is not None:
+                backends[b.name]["limiter"] = inner
         return {
             "pressure": self.pressure(),
             "algorithm": self._policy.limiter.algorithm,
@@ -1090,11 +1081,9 @@ class Controller:
         d.aging_after_s = policy.dispatcher.aging_after
         d.hold_for_large_s = policy.dispatcher.hold_for_large
         d.set_reserved(policy.dispatcher.reserved.p0)
+        objectives = policy.objectives()
         for b in d.backends.values():
-            if hasattr(b.limiter, "usable_share"):
-                b.limiter.usable_share = 1.0 - policy.dispatcher.reserved.p0
-            if hasattr(b.limiter, "objectives"):
-                b.limiter.objectives = policy.objectives()
+            b.limiter.on_policy(1.0 - policy.dispatcher.reserved.p0, objectives)
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():

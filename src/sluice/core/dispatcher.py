@@ -302,51 +302,18 @@ class Dispatcher:
             b = cands.get(rec.pinned)
             cands = {} if b is None else {b.name: b}
         share = 1.0 if full_rights else 1.0 - self.reserved_p0
-        model = rec.model
-        cost = rec.cost
-        prompt = rec.prompt_est
         a_return = rec.returning and not full_rights
         best: BackendState | None = None
         for b in cands.values():
             if a_return and b.inflight >= return_cap(b.limit, b.cap_low):
                 continue
-            models = b.models
-            if models:
-                if model not in models:
-                    continue
-                if blocked_models and not models.isdisjoint(blocked_models):
-                    continue
-            elif blocked_models:
+            if not _serves(b, rec.model, blocked_models):
                 continue
-            budget = b.kv_budget
-            shared = b.kv_shared
-            if shared is not None and full_rights and budget is not None:
-                budget = max(budget, shared.floor_tokens)
-            if budget is not None and b.inflight_tokens + cost > budget * share:
-                if shared is None:
-                    if b.inflight:  # alone: an empty backend takes any request
-                        continue
-                elif not (b.inflight == 0 and shared.first_free):
-                    left = budget * share - b.inflight_tokens
-                    odds = 1.0 if full_rights else LOW_OVERDRAFT
-                    if (
-                        left <= 0
-                        or shared.draw * cost >= odds * left
-                        or b.inflight_tokens + cost > shared.room_tokens * share
-                    ):
-                        continue
-            pf = b.prefill_budget
-            if pf is not None and b.prefill_tokens and b.prefill_tokens + prompt > pf:
+            if not _kv_fits(b, rec.cost, share, full_rights):
                 continue
-            if best is None:
-                best = b
-            elif b.inflight != best.inflight:
-                if b.inflight < best.inflight:
-                    best = b
-            elif b.inflight_tokens != best.inflight_tokens:
-                if b.inflight_tokens < best.inflight_tokens:
-                    best = b
-            elif b.tie < best.tie:
+            if not _prefill_fits(b, rec.prompt_est):
+                continue
+            if best is None or _less_loaded(b, best):
                 best = b
         return best
 
@@ -470,3 +437,60 @@ class Dispatcher:
             if not progress:
                 break
         return placed, dropped
+
+
+# -- place()'s steps: may this backend take the request, and which of two is better -------
+
+
+def _serves(b: BackendState, model: str, blocked_models: set[str] | None) -> bool:
+    """It serves the request's model (a backend with no model list serves any) and none
+    of the models blocked this pass."""
+    models = b.models
+    if not models:
+        return not blocked_models
+    if model not in models:
+        return False
+    return not blocked_models or models.isdisjoint(blocked_models)
+
+
+def _kv_fits(b: BackendState, cost: int, share: float, full_rights: bool) -> bool:
+    """The request's KV footprint fits the part of the backend's budget it may use. Alone
+    on the backend, an empty one takes any request; shared with other replicas, a request
+    past what is left of our claim goes on the scrape's draw (the overdraft, P1/P2 at
+    LOW_OVERDRAFT odds), never past the backend's room; an empty backend that looked idle
+    before we knew the fleet takes it."""
+    budget = b.kv_budget
+    shared = b.kv_shared
+    if shared is not None and full_rights and budget is not None:
+        budget = max(budget, shared.floor_tokens)
+    if budget is None or b.inflight_tokens + cost <= budget * share:
+        return True
+    if shared is None:
+        return not b.inflight
+    if b.inflight == 0 and shared.first_free:
+        return True
+    left = budget * share - b.inflight_tokens
+    odds = 1.0 if full_rights else LOW_OVERDRAFT
+    return (
+        left > 0
+        and shared.draw * cost < odds * left
+        and b.inflight_tokens + cost <= shared.room_tokens * share
+    )
+
+
+def _prefill_fits(b: BackendState, prompt: float) -> bool:
+    """The prompt fits the backend's prefill budget (a backend with no prefill queued
+    takes any prompt)."""
+    pf = b.prefill_budget
+    return pf is None or not b.prefill_tokens or b.prefill_tokens + prompt <= pf
+
+
+def _less_loaded(b: BackendState, best: BackendState) -> bool:
+    """Fewer requests in flight, then fewer KV tokens, then the tie order (the name, or on
+    shared backends this replica's own order of them): one order, so placement does not
+    depend on the dict's order."""
+    if b.inflight != best.inflight:
+        return b.inflight < best.inflight
+    if b.inflight_tokens != best.inflight_tokens:
+        return b.inflight_tokens < best.inflight_tokens
+    return b.tie < best.tie

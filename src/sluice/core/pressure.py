@@ -10,8 +10,10 @@
   Q  backlog: requests queued / sum of the limits, capped at 1 (one full round of the
      backends waiting gives 1).
   B  backend congestion: the mean, over backends with fresh metrics, of
-     max(1 if waiting > 0 else 0, (kv_usage - kv_low) / (kv_high - kv_low) clamped to
-     [0, 1]); 0 when no backend has fresh metrics.
+     max(1 if waiting > 0 else 0, (kv_usage - KV_CONGESTED_FROM) / (KV_CONGESTED_AT -
+     KV_CONGESTED_FROM) clamped to [0, 1]); 0 when no backend has fresh metrics. (The
+     limiter's own KV thresholds, its cut and growth guards, are separate rules:
+     core/limiters/sluice.py `kv_high`/`kv_low`.)
 
 So 0 = idle, 0.5 = every slot in use and nothing waiting, 1 = every slot in use and a full
 round of the backends queued (or a timeout's worth of waiting, or every backend congested).
@@ -33,8 +35,16 @@ class PressureInputs:
     backend_congestion: float  # mean of `backend_congestion` over fresh backends
 
 
+# KV usage at which a backend starts to count as congested, and where it counts fully.
+KV_CONGESTED_FROM = 0.85
+KV_CONGESTED_AT = 0.95
+
+
 def backend_congestion(
-    kv_usage: float | None, waiting: float | None, kv_low: float = 0.85, kv_high: float = 0.95
+    kv_usage: float | None,
+    waiting: float | None,
+    kv_low: float = KV_CONGESTED_FROM,
+    kv_high: float = KV_CONGESTED_AT,
 ) -> float:
     """One backend's congestion in [0, 1] from its last scrape."""
     c = 1.0 if waiting is not None and waiting > 0 else 0.0

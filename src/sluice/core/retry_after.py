@@ -35,10 +35,10 @@ that came back in their booked slot), the fresh (not returning) arrivals, and th
 level (`usual_arrival_rate`).
 
 The shell sends `Retry-After: clamp(ceil(t), 1, 60)` and `retry-after-ms: round(t*1000)`
-(`header_values`). Tenant quotas compute their own value from the quota window.
+(gateway/errors.py). Tenant quotas compute their own value from the quota window.
 
 Within the client's deadline (X-Request-Timeout / X-Stainless-Timeout). `Retry-After` is
-whole seconds and at least 1 (HTTP; DESIGN.md section 4), so a refusal can point the
+whole seconds and at least 1 (HTTP delay-seconds), so a refusal can point the
 client back within its deadline only when at least `MIN_RETRY_AFTER_S` of it is left and
 its delay fits in what is left; otherwise it is answered `cannot_serve_in_time`
 (`deadline_code`), and the client is not told to come back.
@@ -63,16 +63,15 @@ def deadline_code(
     the 1 s the header can say is left, or the delay goes past it."""
     if deadline is None:
         return code
-    left = deadline - now
-    if left < MIN_RETRY_AFTER_S or retry_after_s > left:
+    if no_retry_fits(now, deadline) or retry_after_s > deadline - now:
         return RejectCode.CANNOT_SERVE_IN_TIME
     return code
 
 
-def header_values(retry_after_s: float) -> tuple[int, int]:
-    """(Retry-After whole seconds in [1, 60], retry-after-ms)."""
-    t = min(60.0, max(0.0, retry_after_s))
-    return max(1, min(60, math.ceil(t))), max(1, round(t * 1000))
+def no_retry_fits(now: float, deadline: float) -> bool:
+    """Less than the 1 s a Retry-After can say is left before the client's deadline: no
+    refusal can point it back in time."""
+    return deadline - now < MIN_RETRY_AFTER_S
 
 
 def refusal_excess(

@@ -64,7 +64,7 @@ class TokenCostModel:
     ) -> int:
         prompt = self.prompt_tokens(model, prompt_estimate)
         output = self.expected_output(tenant, model, max_tokens)
-        return max(1, math.ceil(prompt + max(1, sequences) * output))
+        return footprint_tokens(prompt, max(1, sequences) * output)
 
     def observe(
         self,
@@ -108,3 +108,9 @@ class TokenCostModel:
             if e is not None and e.value is not None and (out is None or e.value > out):
                 out = e.value
         return out
+
+
+def footprint_tokens(prompt: float, output: float) -> int:
+    """A request's KV footprint in whole tokens (at least 1): its corrected prompt plus its
+    expected output, rounded up; a float error of under 1e-6 does not add a token."""
+    return max(1, math.ceil(prompt + output - 1e-6))

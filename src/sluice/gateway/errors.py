@@ -62,7 +62,7 @@ def error_response(
 
 
 def retry_after_headers(seconds: float, within_s: float | None = None) -> dict[str, str]:
-    """Retry-After in whole seconds, at least 1 (DESIGN.md section 4), plus the exact
+    """Retry-After in whole seconds, at least 1 (HTTP delay-seconds), plus the exact
     `retry-after-ms`. With `within_s`, what is left of the client's deadline: a
     Retry-After that is within it stays within it in whole seconds too (rounded down where
     rounding up would pass it, never below 1: the core answers `cannot_serve_in_time`

@@ -1,4 +1,4 @@
-"""Fallback answers for non-core features (DESIGN.md S10): a pre-arranged static text, in
+"""Fallback answers for non-core features (docs/degradation.md): a pre-arranged static text, in
 OpenAI's shape so that callers need no special case, streamed or not."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Features (DESIGN.md section 4): which feature a request belongs to, and the breaker that
+"""Features (docs/degradation.md): which feature a request belongs to, and the breaker that
 decides when a non-core feature answers with its fallback instead of queueing."""
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ class Telemetry:
     def _families(self, *metrics: Any) -> Iterable[Metric]:
         if self._mp_collector is None:
             return [f for m in metrics for f in m.collect()]
-        names = {m._name for m in metrics}
+        names = {f.name for m in metrics for f in m.describe()}  # the families' names
         return [f for f in self._mp_collector.collect() if f.name in names]
 
     def counters(self) -> dict[str, Any]:

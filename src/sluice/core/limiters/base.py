@@ -15,9 +15,13 @@ this one that had no first token yet (the prefill work it queued behind).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from sluice.core.types import BackendMetrics, Sample
+
+if TYPE_CHECKING:
+    from sluice.config import Objective
 
 
 class SharedRoom(NamedTuple):
@@ -79,6 +83,23 @@ class Limiter(Protocol):
         `extra["pending"] = 1`). None = no alarm."""
         ...
 
+    def on_fleet(self, own_kv_tokens: float, share: float, share_fresh: bool) -> None:
+        """Before each scrape reaches `on_metrics`: the estimated KV tokens this gateway
+        has in flight on the backend (the rest of the scrape's usage is other replicas'),
+        this gateway's part of the fleet (core/fleet_share.py; 1: alone) and whether that
+        part rests on evidence rather than the bare prior."""
+        ...
+
+    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
+        """The policy was (re)loaded: the part of the limit P1/P2 may fill (1 - the
+        reserved P0 share) and the classes' latency objectives."""
+        ...
+
+    def describe(self) -> dict[str, object] | None:
+        """The limiter's inner state for /admin/state, or None when it has none worth
+        showing."""
+        ...
+
 
 class LimiterBase(ABC):
     """No-op defaults, so an algorithm only writes the callbacks it uses."""
@@ -116,6 +137,15 @@ class LimiterBase(ABC):
         return None
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
+        return None
+
+    def on_fleet(self, own_kv_tokens: float, share: float, share_fresh: bool) -> None:
+        return None
+
+    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
+        return None
+
+    def describe(self) -> dict[str, object] | None:
         return None
 
 

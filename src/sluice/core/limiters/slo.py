@@ -278,6 +278,10 @@ class SloLimiter(SluiceLimiter):
         self._note_classes(now)
         super().on_release(inflight, now)
 
+    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
+        super().on_policy(usable_share, objectives)
+        self.objectives = dict(objectives)
+
     def describe(self) -> dict[str, object]:
         out = super().describe()
         now = self._now

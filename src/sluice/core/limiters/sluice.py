@@ -90,12 +90,16 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from sluice.core.ewma import Ewma
 from sluice.core.limiters.base import LimiterBase, SharedRoom
 from sluice.core.limiters.windowed_min import WindowedMin
 from sluice.core.types import BackendMetrics, Sample
+
+if TYPE_CHECKING:
+    from sluice.config import Objective
 
 
 class SluiceLimiter(LimiterBase):
@@ -288,6 +292,14 @@ class SluiceLimiter(LimiterBase):
     def _tpot_allows_growth(self, now: float) -> bool:
         tpot = self._tpot.value
         return tpot is None or tpot <= self.tpot_grow_below * self.tpot_target(now)
+
+    def on_fleet(self, own_kv_tokens: float, share: float, share_fresh: bool) -> None:
+        self.own_kv_tokens = own_kv_tokens
+        self.fleet_share = share
+        self.fleet_fresh = share_fresh
+
+    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
+        self.usable_share = usable_share
 
     def describe(self) -> dict[str, object]:
         """Internal state for the snapshot (JSON-able)."""

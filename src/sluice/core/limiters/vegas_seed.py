@@ -1,4 +1,4 @@
-"""`vegas-seed`: the seed document's AdaptiveLimiter, rule for rule (DESIGN.md S7).
+"""`vegas-seed`: the seed document's AdaptiveLimiter, rule for rule (docs/limiter.md).
 
 The Go original keeps time.Duration values (int64 nanoseconds) and converts the EWMA back
 to a Duration, which truncates toward zero; this port does the same in integer

@@ -13,7 +13,7 @@ import random
 
 
 class WindowedMin:
-    __slots__ = ("_cur", "_prev", "_rng", "_window_end", "interval_s", "jitter", "probes")
+    __slots__ = ("_cur", "_prev", "_rng", "_window_end", "interval_s", "jitter")
 
     def __init__(self, interval_s: float, jitter: float, rng: random.Random) -> None:
         if interval_s <= 0 or not 0 <= jitter < 1:
@@ -24,7 +24,6 @@ class WindowedMin:
         self._cur = math.inf
         self._prev = math.inf
         self._window_end: float | None = None
-        self.probes = 0  # windows ended so far
 
     def _length(self) -> float:
         return self.interval_s * (1.0 - self.jitter * self._rng.random())
@@ -40,7 +39,6 @@ class WindowedMin:
         self._prev = self._cur if now < end + self.interval_s else math.inf
         self._cur = math.inf
         self._window_end = now + self._length()
-        self.probes += 1
 
     def update(self, x: float, now: float) -> None:
         self._roll(now)
@@ -55,7 +53,3 @@ class WindowedMin:
         """The current estimate without moving the window."""
         m = min(self._cur, self._prev)
         return None if m == math.inf else m
-
-    @property
-    def window_end(self) -> float | None:
-        return self._window_end
