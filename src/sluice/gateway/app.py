@@ -45,6 +45,11 @@ log = logging.getLogger("sluice.gateway")
 
 ACCESS_FLUSH_S = 0.2
 UPSTREAM_KEEPALIVE_S = 4.0
+# A new upstream connection's connect timeout. Generous: uvloop runs due timers before it
+# polls I/O, so a gateway process that stalls (a busy host: CI VMs stall 4-5 s at times)
+# times out a connect that completed during the stall; 5 s failed requests to a loopback
+# vLLM that way. A dead backend refuses at once, and its health checks take it out in 2 s.
+UPSTREAM_CONNECT_S = 10.0
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 STATIC_DIR = Path(__file__).parent / "static"
@@ -133,7 +138,7 @@ class Gateway:
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=UPSTREAM_CONNECT_S),
         )
         self.pool = BackendPool(
             list(self.policy.backends),
