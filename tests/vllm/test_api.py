@@ -176,6 +176,10 @@ async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServe
 
             streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
             try:
+                # the gateway's own count, whatever vLLM runs or has preempted (read at
+                # once: the longest wait below outlasts some of the streams)
+                opened = await gateway_view()
+                assert opened['sluice_backend_inflight{backend="backend-0"}'] == STREAMS
                 # While they run, the gateway's scraper (every 250 ms) reports vLLM's KV
                 # usage and queue exactly as vLLM exposes them, under the gateway's own
                 # names: a value the engine showed within the last seconds (how long one
@@ -202,8 +206,6 @@ async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServe
                         break
                     assert time.monotonic() < deadline, (engine_seen[-3:], got, waiting, fresh)
                 assert fresh == 1.0
-                # the gateway's own count, whatever vLLM runs or has preempted
-                assert seen['sluice_backend_inflight{backend="backend-0"}'] == STREAMS
             finally:
                 for r in streams:
                     r.close()
