@@ -767,11 +767,15 @@ class Controller:
                 for rec in q.pop_due(now, slack):
                     self._drop(rec, RejectCode.QUEUE_TIMEOUT, now)
 
-    def _drop(self, rec: RequestRecord, code: RejectCode, now: float) -> None:
+    def _forget_dropped(self, rec: RequestRecord, code: RejectCode, now: float) -> None:
+        """A request taken out of its queue unserved: counted as dropped, its quota back."""
         del self._records[rec.request_id]
         rec.state = RequestState.GONE
         _bump(self._counters[rec.priority].dropped, code.value)
         self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+
+    def _drop(self, rec: RequestRecord, code: RejectCode, now: float) -> None:
+        self._forget_dropped(rec, code, now)
         refusal = self._refusal(rec.priority, now, code, None, rec.tenant, _give_up_at(rec.info))
         self._pending.append(
             Rejection(
@@ -851,10 +855,7 @@ class Controller:
         for q in self._queues:
             for rec in list(q.by_arrival.values()):
                 q.remove(rec.request_id)
-                del self._records[rec.request_id]
-                rec.state = RequestState.GONE
-                _bump(self._counters[rec.priority].dropped, code.value)
-                self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+                self._forget_dropped(rec, code, now)
                 self._pending.append(
                     Rejection(rec.request_id, code, HANDOVER_RETRY_S, now - rec.enqueued_at)
                 )
