@@ -59,6 +59,23 @@ def completion_body(
     return body
 
 
+# vLLM's server (uvicorn) closes a kept-alive connection 5 s after its last answer
+# (vllm/envs.py 0.32: VLLM_HTTP_TIMEOUT_KEEP_ALIVE = 5); aiohttp's client keeps one 15 s by
+# default, so a client idle between 5 and 15 s sends its next request on a connection the
+# server is closing (ServerDisconnectedError). A client that drops its own after 1 s never
+# races the server's close.
+CLIENT_KEEPALIVE_S = 1.0
+
+
+def client_session(
+    timeout: aiohttp.ClientTimeout = aiohttp.client.DEFAULT_TIMEOUT,
+) -> aiohttp.ClientSession:
+    """A load client's session: no connection limit, kept-alive connections dropped well
+    before the engine's own keep-alive timeout closes them."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -165,8 +182,7 @@ async def closed_loop(
     prompts = [token_prompt(rng, prompt_len) for _ in range(requests)]
     queue = list(range(requests))
     results: list[Result] = []
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as session:
+    async with client_session() as session:
 
         async def worker() -> None:
             while queue:

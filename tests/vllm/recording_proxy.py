@@ -13,6 +13,7 @@ from types import TracebackType
 
 import aiohttp
 from aiohttp import web
+from loadgen import CLIENT_KEEPALIVE_S
 
 _HOP_BY_HOP = {
     "connection",
@@ -50,7 +51,8 @@ class RecordingProxy:
 
     async def __aenter__(self) -> RecordingProxy:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S),
+            auto_decompress=False,
         )
         app = web.Application(handler_args={"handler_cancellation": True})
         app.router.add_route("*", "/{tail:.*}", self._forward)

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from conftest import wait_idle
 from gateway_proc import GatewayProcess, start_gateway
-from loadgen import completion_body, token_prompt
+from loadgen import client_session, completion_body, token_prompt
 from machine_stalls import MachineStalls
 from vllm_server import VllmServer
 
@@ -206,7 +206,7 @@ async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer, rou
     rng = random.Random(20)
     rounds: list[Round] = []
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        async with client_session() as s:
             long_words = await _long_answer_words(s, vllm) if route == "messages" else ""
             for _ in range(ROUNDS):
                 with MachineStalls() as stalls:

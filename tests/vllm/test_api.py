@@ -13,7 +13,7 @@ import openai
 import pytest
 from conftest import wait_idle
 from gateway_proc import GatewayProcess, start_gateway
-from loadgen import completion_body, gauge_values, token_prompt
+from loadgen import client_session, completion_body, gauge_values, token_prompt
 from vllm_server import VllmServer, parse_metrics
 
 from sluice.gateway.engines.vllm import VllmAdapter
@@ -152,7 +152,7 @@ async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServe
     gateway = start_gateway([vllm.url], FIXED_POLICY)
     rng = random.Random(16)
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        async with client_session() as s:
 
             async def engine() -> dict[str, float]:
                 async with s.get(vllm.url + "/metrics") as r:

@@ -19,6 +19,7 @@ from conftest import MAX_NUM_QUEUED_REQS, wait_idle
 from gateway_proc import GatewayProcess, start_gateway
 from loadgen import (
     Result,
+    client_session,
     closed_loop,
     completion_body,
     gauge_values,
@@ -209,7 +210,7 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
     whole = completion_body(vllm.model, token_prompt(rng, 16), 4, stream=False)
     with MachineStalls(min_s=0.5) as stalls:
         async with (
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+            client_session() as s,
             RecordingProxy(vllm.url) as proxy,
         ):
             # in a thread: the proxy on this loop must answer the gateway's start-up checks

@@ -29,6 +29,7 @@ import orjson
 import pytest
 from conftest import wait_idle
 from gateway_proc import GatewayProcess, start_gateway
+from loadgen import client_session
 from vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
@@ -214,7 +215,17 @@ async def _flood(url_of: dict[str, str], model: str, embed_model: str) -> list[d
             url = url_of[route] + path
             first = last = None
             tokens = 0
-            async with s.post(url, data=orjson.dumps(body), headers=headers) as r:
+            try:
+                r = await s.post(url, data=orjson.dumps(body), headers=headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # closed before any answer: recorded (status 0), a failure through Sluice
+                results.append(
+                    {"route": route, "priority": priority, "status": 0, "code": "disconnected",
+                     "seconds": time.monotonic() - started, "ttft": None, "tpot": None,
+                     "tokens": 0, "retry_after": None}
+                )  # fmt: skip
+                continue
+            async with r:
                 code = None
                 if r.status != 200:  # Sluice's code: OpenAI's `code`, in Anthropic's message
                     err = orjson.loads(await r.read()).get("error") or {}
@@ -239,8 +250,7 @@ async def _flood(url_of: dict[str, str], model: str, embed_model: str) -> list[d
                 if r.status in (429, 529, 503):
                     await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
 
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as s:
+    async with client_session(aiohttp.ClientTimeout(total=120)) as s:
         await asyncio.gather(*(client(i, s) for i in range(FLOOD_CLIENTS)))
     return results
 
