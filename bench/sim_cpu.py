@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,15 +23,9 @@ from pathlib import Path
 
 import aiohttp
 
+from sluice.bench.procfs import cpu_seconds
+
 READY = re.compile(r"serving model .* on (http://\S+)")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/PID/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def start_sim(profile: str, extra: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -93,9 +86,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         # idle cost first: a simulator with nothing to do must not spin
         await asyncio.sleep(0.5)
-        c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        c0, t0 = cpu_seconds([proc.pid]), time.monotonic()
         await asyncio.sleep(args.idle_seconds)
-        idle_cores = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
+        idle_cores = (cpu_seconds([proc.pid]) - c0) / (time.monotonic() - t0)
 
         body = {
             "model": "sluice-sim",
@@ -112,9 +105,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             itl_sum0 = await metric(session, url, "vllm:inter_token_latency_seconds_sum")
             itl_n0 = await metric(session, url, "vllm:inter_token_latency_seconds_count")
             load.measuring = True
-            c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            c0, t0 = cpu_seconds([proc.pid]), time.monotonic()
             await asyncio.sleep(args.seconds)
-            c1, t1 = cpu_seconds(proc.pid), time.monotonic()
+            c1, t1 = cpu_seconds([proc.pid]), time.monotonic()
             load.measuring = False
             itl_sum1 = await metric(session, url, "vllm:inter_token_latency_seconds_sum")
             itl_n1 = await metric(session, url, "vllm:inter_token_latency_seconds_count")

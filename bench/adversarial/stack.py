@@ -1,11 +1,10 @@
 """Processes for the adversarial benchmarks: simulators, a gateway whose log is captured
 to a file, a redis-server with a password, RSS sampling, and the machine's busy share
-(bench/overhead/procstat.py's sampler). Real processes on 127.0.0.1 only."""
+(sluice.bench.procfs's sampler). Real processes on 127.0.0.1 only."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -17,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from sluice.bench.procfs import BusySampler, rss_mib
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "overhead"))
-from procstat import BusySampler  # noqa: E402  (bench/overhead's, reused)
 
 __all__ = ["BusySampler", "Proc", "free_port", "rss_mib", "start_gateway", "start_redis"]
 
@@ -129,15 +128,3 @@ def start_redis(folder: Path, password: str) -> Proc:
             raise RuntimeError("redis-server did not start")
         time.sleep(0.05)
     return Proc(proc, f"redis://:{password}@127.0.0.1:{port}/0")
-
-
-_RSS = re.compile(r"^VmRSS:\s+(\d+) kB", re.M)
-
-
-def rss_mib(pid: int) -> float:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0
-    m = _RSS.search(text)
-    return int(m.group(1)) / 1024 if m else 0.0

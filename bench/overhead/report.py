@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from procstat import TICK_HZ
+
+from sluice.bench.procfs import TICK_HZ
 
 COARSE_TICKS = 25  # below this a mode's CPU total is quantised by more than ~4%
 

@@ -24,10 +24,11 @@ from arms import (
     start_arm,
     start_upstream,
 )
-from procstat import BusySampler, cpu_seconds, process_tree
 from report import MODES, aggregate, chart, markdown
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sluice.bench.procfs import BusySampler, cpu_seconds, process_tree
 
 # The gateway's server stack, chosen by this benchmark (docs/decisions.md).
 CHOSEN_STACK = "aiohttp"

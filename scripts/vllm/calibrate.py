@@ -36,9 +36,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "src"))
 
 import aiohttp  # noqa: E402
-from loadgen import closed_loop, gauge_values, sample_metrics, summarize  # noqa: E402
+from loadgen import closed_loop, sample_metrics, summarize  # noqa: E402
 from vllm_server import MODEL_NAME, ensure_built, free_port, start_vllm  # noqa: E402
 
+from sluice.bench.prom_text import gauge_values  # noqa: E402
 from sluice.sim.engine import Engine  # noqa: E402
 from sluice.sim.profiles import PROFILES, Profile  # noqa: E402
 

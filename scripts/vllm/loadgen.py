@@ -23,6 +23,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from sluice.bench.prom_text import gauge_values
+
 FIRST_ID = 3  # 0..2 are <unk>, <s>, </s>
 VOCAB = 4096
 
@@ -196,19 +198,6 @@ async def closed_loop(
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results
-
-
-def gauge_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """The named samples of a Prometheus exposition, summed over label sets: a line scan,
-    ten times cheaper than a full parse of vLLM's 60 kB of histograms."""
-    out = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name, sep, _ = line.partition("{")
-        if not sep:
-            name = line.partition(" ")[0]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
-    return out
 
 
 async def sample_metrics(

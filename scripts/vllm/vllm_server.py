@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.bench.prom_text import parse_metrics
 
 HERE = Path(__file__).resolve().parent
 MODEL_NAME = "sluice-tiny-llama"
@@ -53,20 +54,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over label sets} plus
-    `name{k="v"}` keys without vLLM's `engine`/`model_name` labels."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-            own = sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name"))
-            if own:
-                key = s.name + "{" + ",".join(f'{k}="{v}"' for k, v in own) + "}"
-                out[key] = out.get(key, 0.0) + s.value
-    return out
 
 
 @dataclass

@@ -26,33 +26,11 @@ from typing import IO, Protocol
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.bench.prom_text import parse_metrics
 
 _READY = re.compile(r"serving model .* on (http://\S+)")
 _PROJECT_SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {key: value}. Keys: the bare sample name (summed over all label
-    sets); `name{k="v",...}` with all labels in sorted order; and `name{k="v",...}` without
-    the `engine` and `model_name` labels every vLLM series carries (summed), e.g.
-    `vllm:request_success_total{finished_reason="abort"}`."""
-    out: dict[str, float] = {}
-
-    def add(key: str, value: float) -> None:
-        out[key] = out.get(key, 0.0) + value
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            add(sample.name, sample.value)
-            if not sample.labels:
-                continue
-            labels = sorted(sample.labels.items())
-            add(sample.name + "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}", sample.value)
-            own = [(k, v) for k, v in labels if k not in ("engine", "model_name")]
-            if own and len(own) < len(labels):
-                add(sample.name + "{" + ",".join(f'{k}="{v}"' for k, v in own) + "}", sample.value)
-    return out
 
 
 @dataclass

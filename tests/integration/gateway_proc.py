@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from conftest import parse_metrics
+
+from sluice.bench.prom_text import parse_metrics
 
 _READY = re.compile(r"Sluice listening on (http://\S+)")
 _SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))

@@ -15,7 +15,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from tests.integration.conftest import SimProcess, parse_metrics
+from tests.integration.conftest import SimProcess
+
+from sluice.bench.prom_text import parse_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.integration.conftest import SimProcess, parse_metrics, start_sim
+from tests.integration.conftest import SimProcess, start_sim
+
+from sluice.bench.prom_text import parse_metrics
 
 pytestmark = pytest.mark.integration
 

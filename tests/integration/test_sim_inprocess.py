@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
-from tests.integration.conftest import parse_metrics
 
+from sluice.bench.prom_text import parse_metrics
 from sluice.sim.profiles import PROFILES
 from sluice.sim.server import SIM_SERVER_KEY, create_sim_app
 

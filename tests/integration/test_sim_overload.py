@@ -10,7 +10,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from tests.integration.conftest import SimFactory, SimProcess, parse_metrics
+from tests.integration.conftest import SimFactory, SimProcess
+
+from sluice.bench.prom_text import parse_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,10 @@ import time
 
 import httpx
 import pytest
-from conftest import SimFactory, parse_metrics
+from conftest import SimFactory
 from gateway_proc import GatewayProcess, start_gateway
+
+from sluice.bench.prom_text import parse_metrics
 
 pytestmark = pytest.mark.integration
 

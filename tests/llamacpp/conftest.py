@@ -29,9 +29,8 @@ sys.path.insert(0, str(REPO / "scripts" / "vllm"))  # loadgen
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from named_suite import bound_tests, ignore_unless_named  # noqa: E402
-from vllm_server import parse_metrics  # noqa: E402  (gateway_proc imports it from conftest)
 
-__all__ = ["parse_metrics"]
+from sluice.bench.prom_text import parse_metrics  # noqa: E402
 
 MODEL_NAME = "sluice-tiny-llama"
 SLOTS = 4

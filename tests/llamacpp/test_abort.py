@@ -12,7 +12,7 @@ import pytest
 from conftest import LlamaServer, wait_idle
 from gateway_proc import start_gateway
 
-from sluice.bench.real import CpuSampler
+from sluice.bench.procfs import CpuSampler
 
 pytestmark = pytest.mark.integration
 

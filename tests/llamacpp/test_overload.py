@@ -26,7 +26,7 @@ from conftest import SLOTS, LlamaServer, wait_idle
 from gateway_proc import start_gateway
 from loadgen import Result, stream_request
 
-from sluice.bench.real import CpuSampler
+from sluice.bench.procfs import CpuSampler
 
 pytestmark = pytest.mark.integration
 

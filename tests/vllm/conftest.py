@@ -28,17 +28,13 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "scripts" / "vllm"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-# gateway_proc does `from conftest import parse_metrics`: in this suite that is this module.
 from named_suite import bound_tests, ignore_unless_named  # noqa: E402
 from vllm_server import (  # noqa: E402
     MODEL_NAME,
     VllmServer,
     ensure_built,
-    parse_metrics,
     start_vllm,
 )
-
-__all__ = ["parse_metrics"]
 
 # vLLM's admission cap for the session: above what every other test sends at once, so that
 # only the admission test (which fills it on purpose) meets it.

@@ -13,9 +13,10 @@ import openai
 import pytest
 from conftest import wait_idle
 from gateway_proc import GatewayProcess, start_gateway
-from loadgen import client_session, completion_body, gauge_values, token_prompt
-from vllm_server import VllmServer, parse_metrics
+from loadgen import client_session, completion_body, token_prompt
+from vllm_server import VllmServer
 
+from sluice.bench.prom_text import gauge_values, parse_metrics
 from sluice.gateway.engines.vllm import VllmAdapter
 
 pytestmark = pytest.mark.integration

@@ -36,7 +36,6 @@ from typing import Any
 import aiohttp
 import orjson
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.bench.arms import arm_spec
 from sluice.bench.cuts import add_cuts_sample, cuts_so_far
@@ -54,6 +53,8 @@ from sluice.bench.harness import (
     plan_retry,
 )
 from sluice.bench.metrics import arm_results
+from sluice.bench.procfs import CpuSampler, cpu_summary, process_cpu_s
+from sluice.bench.prom_text import first, series
 from sluice.bench.returns import note_refusal
 from sluice.bench.runner import arrivals_per_s, make_plan
 from sluice.bench.scenario import CLASSES, Scenario
@@ -61,7 +62,6 @@ from sluice.client.retry_after import parse_window
 from sluice.client.transport import BOOKING_HEADER
 from sluice.config import Policy
 
-SATURATED_AT = 0.9
 SAMPLE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 20.0
 LEAD_S = 0.5  # between "everything is up" and the first arrival
@@ -77,66 +77,6 @@ _PROFILE_FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "max_model_len": "--max-model-len",
 }
-
-
-# -- CPU --------------------------------------------------------------------------------
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system, with reaped children) a live process has used so far."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # fields[0] is the state (field 3): utime..cstime are fields 14-17
-    return sum(int(v) for v in fields[11:15]) / _TICK
-
-
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat", encoding="ascii") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return sum(values[:8]), idle
-
-
-class CpuSampler:
-    """The whole machine's busy fraction over each interval (all cores together)."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._last = self._first = _cpu_times()
-
-    def busy_s(self) -> float:
-        """CPU seconds the whole machine (every process, all cores) spent since creation."""
-        total, idle = _cpu_times()
-        t0, i0 = self._first
-        return ((total - idle) - (t0 - i0)) / _TICK
-
-    def sample(self) -> None:
-        total, idle = _cpu_times()
-        t0, i0 = self._last
-        if total > t0:
-            self.samples.append(1.0 - (idle - i0) / (total - t0))
-        self._last = (total, idle)
-
-    def summary(self) -> dict[str, Any]:
-        return cpu_summary(self.samples)
-
-
-def cpu_summary(samples: list[float]) -> dict[str, Any]:
-    busy = max(samples) if samples else None
-    mean = sum(samples) / len(samples) if samples else None
-    return {
-        "busy_fraction_max": None if busy is None else round(busy, 3),
-        "busy_fraction_mean": None if mean is None else round(mean, 3),
-        "cores": os.cpu_count(),
-        "samples": len(samples),
-        "saturated": busy is not None and busy >= SATURATED_AT,
-    }
 
 
 # -- processes --------------------------------------------------------------------------
@@ -294,21 +234,6 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, within_s: float) 
 # -- metrics ----------------------------------------------------------------------------
 
 
-def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def _first(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float | None:
-    for (n, _), v in m.items():
-        if n == name:
-            return v
-    return None
-
-
 async def _get_text(session: aiohttp.ClientSession, url: str) -> str | None:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as r:
@@ -451,7 +376,8 @@ class _ArmRunner:
 
     def _process_cpu(self) -> dict[str, float]:
         return {
-            name: sum(process_cpu_s(pid) or 0.0 for pid in pids) for name, pids in self.pids.items()
+            name: sum(process_cpu_s(pid, reaped_children=True) or 0.0 for pid in pids)
+            for name, pids in self.pids.items()
         }
 
     def _cpu_use(self, proc0: dict[str, float], bench0: float) -> dict[str, Any]:
@@ -628,20 +554,20 @@ class _ArmRunner:
 
     async def _scrape_sims(self, *, record: bool) -> list[dict[Any, float] | None]:
         texts = await asyncio.gather(*(_get_text(self.session, f"{u}/metrics") for u in self.sims))
-        parsed = [None if t is None else parse_metrics(t) for t in texts]
+        parsed = [None if t is None else series(t) for t in texts]
         for i, m in enumerate(parsed):
             if m is None:
                 continue
-            pre = _first(m, "vllm:num_preemptions_total") or 0.0
+            pre = first(m, "vllm:num_preemptions_total") or 0.0
             if record and pre > self.preempt_last[i]:
                 self.preemption_times += [self.now()] * int(pre - self.preempt_last[i])
             self.preempt_last[i] = pre
-            gen = _first(m, "vllm:generation_tokens_total")
+            gen = first(m, "vllm:generation_tokens_total")
             if gen is not None:
                 self.gen_total[i] = gen
             counters: dict[str, float] = {}
             for key, name in _ENGINE_COUNTERS.items():
-                value = _first(m, name)
+                value = first(m, name)
                 if value is not None:
                     counters[key] = value
             if len(counters) == len(_ENGINE_COUNTERS):
@@ -656,7 +582,7 @@ class _ArmRunner:
         if self.gateway is not None:
             text = await _get_text(self.session, f"{self.gateway}/metrics")
             if text is not None:
-                self.gateway_metrics = parse_metrics(text)
+                self.gateway_metrics = series(text)
             gw = self.gateway_metrics if self.gateway_metrics is not None else {}
         snap = None
         if self.gateway is not None and self.arm.policy is not None:
@@ -668,9 +594,9 @@ class _ArmRunner:
         if self.gateway is not None and self.arm.policy is not None:
             add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap else {})
         for i, m in enumerate(sims):
-            kv = None if m is None else _first(m, "vllm:kv_cache_usage_perc")
-            waiting = None if m is None else _first(m, "vllm:num_requests_waiting")
-            running = None if m is None else _first(m, "vllm:num_requests_running")
+            kv = None if m is None else first(m, "vllm:kv_cache_usage_perc")
+            waiting = None if m is None else first(m, "vllm:num_requests_waiting")
+            running = None if m is None else first(m, "vllm:num_requests_running")
             s["running"][i].append(int(running or 0))
             s["kv_usage"][i].append(round(kv or 0.0, 4))
             s["waiting"][i].append(int(waiting or 0))

@@ -93,7 +93,7 @@ async def _closed_loop_real(
     horizon: float,
     seed: int,
 ) -> dict[str, Any]:
-    from sluice.bench.real import _first, parse_metrics
+    from sluice.bench.prom_text import first, series
 
     phase = scenario.phases[0]
     rng = random.Random(f"{seed}/sweep/{concurrency}")
@@ -140,14 +140,14 @@ async def _closed_loop_real(
         running: list[float] = []
         while time.monotonic() < end:
             async with session.get(f"{url}/metrics") as r:
-                m = parse_metrics(await r.text())
+                m = series(await r.text())
             now = time.monotonic()
-            pre = _first(m, "vllm:num_preemptions_total") or 0.0
+            pre = first(m, "vllm:num_preemptions_total") or 0.0
             if now < measure_from:
                 pre0 = pre
             else:
                 pre1 = pre
-                running.append(_first(m, "vllm:num_requests_running") or 0.0)
+                running.append(first(m, "vllm:num_requests_running") or 0.0)
             await asyncio.sleep(0.25)
         return pre0, pre1, running
 
@@ -177,7 +177,8 @@ def sweep_real(
     """One fresh simulator per level (the scenario's real backends' profile and speed)."""
     import uvloop
 
-    from sluice.bench.real import CpuSampler, _model_name, start_sims
+    from sluice.bench.procfs import CpuSampler
+    from sluice.bench.real import _model_name, start_sims
 
     one = scenario.spec.model_copy(
         update={"backends": scenario.spec.backends.model_copy(update={"count": 1})}
@@ -210,7 +211,7 @@ def sweep_real(
             for p in procs:
                 p.stop()
     out = _summarise(rows, scenario.slos["P0"].tpot)
-    from sluice.bench.real import cpu_summary
+    from sluice.bench.procfs import cpu_summary
 
     out["cpu"] = cpu_summary(samples)
     return out
