@@ -172,15 +172,21 @@ async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServe
                     headers={"Authorization": "Bearer sk-demo-p1"},
                 )
                 assert r.status == 200
-                await r.content.readline()
+                first_lines.append(await r.content.readline())
                 return r
 
+            first_lines: list[bytes] = []
             streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
             try:
                 # the gateway's own count, whatever vLLM runs or has preempted (read at
                 # once: the longest wait below outlasts some of the streams)
                 opened = await gateway_view()
-                assert opened['sluice_backend_inflight{backend="backend-0"}'] == STREAMS
+                inflight = opened['sluice_backend_inflight{backend="backend-0"}']
+                assert inflight == STREAMS, (
+                    inflight,
+                    [line[:120] for line in first_lines if b'"text"' not in line],
+                    "\n".join(gateway.output[-40:]),
+                )
                 # While they run, the gateway's scraper (every 250 ms) reports vLLM's KV
                 # usage and queue exactly as vLLM exposes them, under the gateway's own
                 # names: a value the engine showed within the last seconds (how long one
