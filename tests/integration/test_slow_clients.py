@@ -59,9 +59,11 @@ async def _closed_after(reader: asyncio.StreamReader, t0: float) -> float:
 
 
 async def _stalled(gw: GatewayProcess) -> float:
-    """Half a request line, then nothing: seconds until cut."""
-    reader, writer = await asyncio.open_connection(*_host_port(gw))
+    """Half a request line, then nothing: seconds until cut, from before the connect (the
+    gateway's timer starts when it accepts, which may come before the client's own
+    `open_connection` returns: from after it, a cut on time read 0.9996 s once)."""
     t0 = time.monotonic()
+    reader, writer = await asyncio.open_connection(*_host_port(gw))
     writer.write(b"POST /v1/chat/compl")
     await writer.drain()
     try:
@@ -73,8 +75,8 @@ async def _stalled(gw: GatewayProcess) -> float:
 async def _slowloris(gw: GatewayProcess) -> tuple[float, int]:
     """A request line, then one header byte every 0.2 s, never the end of the head:
     (seconds until cut, bytes trickled)."""
+    t0 = time.monotonic()  # before the connect, as in _stalled
     reader, writer = await asyncio.open_connection(*_host_port(gw))
-    t0 = time.monotonic()
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     closed = asyncio.ensure_future(_closed_after(reader, t0))
     sent = 0
