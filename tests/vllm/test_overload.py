@@ -204,7 +204,7 @@ def _kind(r: Result) -> str:
 
 
 # Up to 3 rounds of (fill vLLM: up to 20 s; a burst: up to GIVE_UP_S), after a first fill:
-# past the suite's 120 s when the machine stalls (CI once timed out in the third round).
+# past the suite's 120 s when the machine stalls (CI timed out there once, 2026-12-02).
 @pytest.mark.timeout(300, func_only=True)
 async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServer) -> None:
     wait_idle(vllm)
