@@ -220,6 +220,10 @@ def test_a_time_budget_bounds_the_mean_tpot_of_the_long_answers() -> None:
     ends(20, 601, 0.02, 2, None)
     assert lim.budget_bound(2) == pytest.approx(0.1)  # 60 s / 600
     assert lim.budget_bound(1) is None
+    # P1 states only a first token within 15 s: clients that wait 20 s for 1,001-token
+    # answers (5 ms per token, below what the engine does alone) do not bound the batch
+    ends(20, 1001, 0.02, 1, 20.0)
+    assert lim.budget_bound(1) is None
 
 
 def test_before_answers_end_the_budget_bound_uses_what_requests_may_ask_for() -> None:
