@@ -15,7 +15,6 @@ ARM_COLOURS = {
     "fifo": "tab:purple",
     "sluice": "tab:blue",
     "slo": "navy",
-    "tpot-target": "slateblue",
     "oracle": "tab:green",
     "gie": "tab:brown",
     "gie-flow": "tab:pink",
