@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sluice.core.limiters import Limiter
 from sluice.core.limiters.base import SharedRoom
 from sluice.core.types import BackendMetrics
+
+if TYPE_CHECKING:
+    from sluice.core.request_record import RequestRecord
 
 
 class BackendState:
@@ -19,6 +24,8 @@ class BackendState:
         "inflight_tokens",
         "kv_budget",
         "kv_capacity",
+        "kv_peak",
+        "kv_peak_stale",
         "kv_shared",
         "last_metrics",
         "left",
@@ -29,6 +36,7 @@ class BackendState:
         "name",
         "prefill_budget",
         "prefill_tokens",
+        "records",
         "removed",
         "shuffled",
         "tie",
@@ -42,6 +50,12 @@ class BackendState:
         self.inflight = 0
         self.inflight_by_class = [0, 0, 0]  # by priority (the `slo` limiter reads it)
         self.inflight_tokens = 0
+        # the in-flight requests (core/kv_projection.py reads their progress)
+        self.records: dict[str, RequestRecord] = {}
+        # the KV they will hold at their joint peak (kv_projection), and whether a request
+        # left since it was computed (a dispatch adds its cost: an upper bound)
+        self.kv_peak = 0.0
+        self.kv_peak_stale = False
         # prompt tokens of in-flight requests without a first token (of those whose first
         # token the gateway sees: a non-streamed answer's prefill is not known to end)
         self.prefill_tokens = 0.0

@@ -76,6 +76,7 @@ from collections.abc import Sequence
 
 from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
+from sluice.core.kv_projection import projected_peak
 from sluice.core.request_record import RequestRecord
 
 # P1/P2 take a request past their claim on a shared backend with this part of the odds:
@@ -108,6 +109,7 @@ class Dispatcher:
         if aging_every < 1:
             raise ValueError("aging_every must be at least 1")
         self.reserved_p0 = reserved_p0
+        self.now = 0.0  # of the pass being made (kv projections)
         self.aging_after_s = aging_after_s
         self.aging_every = aging_every
         self.hold_for_large_s = hold_for_large_s
@@ -260,6 +262,8 @@ class Dispatcher:
         b.inflight += 1
         b.inflight_by_class[rec.priority] += 1
         b.inflight_tokens += rec.cost
+        b.records[rec.request_id] = rec
+        b.kv_peak += rec.cost
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
         if rec.info.first_token_visible:
@@ -276,6 +280,8 @@ class Dispatcher:
         b.inflight -= 1
         b.inflight_by_class[rec.priority] -= 1
         b.inflight_tokens -= rec.cost
+        del b.records[rec.request_id]
+        b.kv_peak_stale = True
         b.left += 1
         if rec.first_token_at is None and rec.info.first_token_visible:
             self.prefilled(rec)
@@ -309,6 +315,8 @@ class Dispatcher:
                 continue
             if not _serves(b, rec.model, blocked_models):
                 continue
+            if b.kv_peak_stale:
+                self._project(b)
             if not _kv_fits(b, rec.cost, share, full_rights):
                 continue
             if not _prefill_fits(b, rec.prompt_est):
@@ -317,9 +325,32 @@ class Dispatcher:
                 best = b
         return best
 
+    def _project(self, b: BackendState) -> None:
+        """Recompute the backend's projected KV peak (core/kv_projection.py) from its
+        requests' progress: the tokens a request has generated are estimated from its
+        first token's time and the backend's TPOT (before its first token, or with no
+        TPOT known: none, so it counts at its prompt now and its whole output ahead)."""
+        now = self.now
+        tpot = b.limiter.tpot_estimate_s
+        held_ahead = []
+        for r in b.records.values():
+            out = r.cost - r.prompt_est
+            done = 0.0
+            if tpot and r.first_token_at is not None:
+                done = min(out, (now - r.first_token_at) / tpot)
+            held_ahead.append((r.prompt_est + done, out - done))
+        b.kv_peak = projected_peak(held_ahead)
+        b.kv_peak_stale = False
+        if b.inflight_tokens:
+            mean = b.inflight_tokens / b.inflight
+            b.limiter.on_kv_projection(b.kv_peak / b.inflight_tokens, mean)
+        else:
+            b.limiter.on_kv_projection(1.0, None)
+
     def dispatch_alone(self, rec: RequestRecord, now: float) -> BackendState | None:
         """Place `rec` as `dispatch` would if it were the only request queued (and not
         due): the backend it went to, or None (then it must be queued)."""
+        self.now = now
         if not self._open_all:
             return None
         self._p0_since_aged = 0  # no P1 request waits behind P0: no aged turn owed
@@ -376,6 +407,7 @@ class Dispatcher:
         """Pop what can go now. Returns (placements, requests found due and dropped)."""
         placed: list[tuple[RequestRecord, BackendState]] = []
         dropped: list[RequestRecord] = []
+        self.now = now
         q0, q1 = queues[0], queues[1]
         self.hold_ends_at = None
         while self._open_all:
@@ -463,7 +495,10 @@ def _kv_fits(b: BackendState, cost: int, share: float, full_rights: bool) -> boo
     shared = b.kv_shared
     if shared is not None and full_rights and budget is not None:
         budget = max(budget, shared.floor_tokens)
-    if budget is None or b.inflight_tokens + cost <= budget * share:
+    # alone on the backend: the in-flight requests' projected peak (their ends are
+    # staggered); shared, the claims are made in whole footprints, so is our part
+    held = b.kv_peak if shared is None else b.inflight_tokens
+    if budget is None or held + cost <= budget * share:
         return True
     if shared is None:
         return not b.inflight

@@ -90,6 +90,19 @@ class Limiter(Protocol):
         part rests on evidence rather than the bare prior."""
         ...
 
+    @property
+    def tpot_estimate_s(self) -> float | None:
+        """The backend's time per output token now (what a running request's progress is
+        estimated from, core/kv_projection.py), or None when the algorithm keeps none."""
+        ...
+
+    def on_kv_projection(self, ratio: float, mean_footprint: float | None) -> None:
+        """The in-flight requests' projected KV peak over the sum of their footprints
+        (core/kv_projection.py; 1 when they would all end at once) and their mean
+        footprint (None: none in flight): a KV cap on the limit may count a request
+        like them at that part of its footprint."""
+        ...
+
     def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
         """The policy was (re)loaded: the part of the limit P1/P2 may fill (1 - the
         reserved P0 share) and the classes' latency objectives."""
@@ -140,6 +153,13 @@ class LimiterBase(ABC):
         return None
 
     def on_fleet(self, own_kv_tokens: float, share: float, share_fresh: bool) -> None:
+        return None
+
+    @property
+    def tpot_estimate_s(self) -> float | None:
+        return None
+
+    def on_kv_projection(self, ratio: float, mean_footprint: float | None) -> None:
         return None
 
     def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:

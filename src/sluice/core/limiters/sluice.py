@@ -101,6 +101,10 @@ from sluice.core.types import BackendMetrics, Sample
 if TYPE_CHECKING:
     from sluice.config import Objective
 
+# The KV cap counts requests at their projected part of a footprint (on_kv_projection)
+# while those coming are no more than this much larger than those in flight.
+MIX_TOLERANCE = 1.25
+
 
 class SluiceLimiter(LimiterBase):
     def __init__(
@@ -185,6 +189,10 @@ class SluiceLimiter(LimiterBase):
         self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
         self._tpot = Ewma(tpot_alpha)
         self._footprint = Ewma(footprint_alpha)
+        # the in-flight requests' projected KV peak over the sum of their footprints
+        # (core/kv_projection.py; 1 when they would all end at once)
+        self._kv_ratio = 1.0
+        self._kv_mean: float | None = None  # of the footprints in flight, when projected
         # the footprint of the requests being admitted for this backend (forward-looking)
         self._demand = demand_footprint
 
@@ -515,6 +523,17 @@ class SluiceLimiter(LimiterBase):
         self._limit = min(float(self.max_limit), self._limit + step)
         self._recompute()
 
+    @property
+    def tpot_estimate_s(self) -> float | None:
+        return self._tpot.value
+
+    def on_kv_projection(self, ratio: float, mean_footprint: float | None) -> None:
+        ratio = min(1.0, max(0.0, ratio))
+        if ratio != self._kv_ratio or mean_footprint != self._kv_mean:
+            self._kv_ratio = ratio
+            self._kv_mean = mean_footprint
+            self._recompute()
+
     def _recompute(self) -> None:
         eff = math.floor(self._limit)
         budget = self.kv_budget_tokens
@@ -523,12 +542,18 @@ class SluiceLimiter(LimiterBase):
             ahead = self._demand()
             if ahead is not None and (fp is None or ahead > fp):
                 fp = ahead
+        # A request counts at the part of its footprint the in-flight ones' joint peak
+        # gives them (their ends staggered: less than the whole), while the requests
+        # coming are like those in flight; larger ones (a new mix) start together.
+        ratio = 1.0
+        if fp and self._kv_mean and fp <= MIX_TOLERANCE * self._kv_mean:
+            ratio = self._kv_ratio
         cap = math.inf
         if budget is not None and fp:
             # shared: rounded up, for the overdraft past a claim of part of a request
             shared = self._shared
             if shared is None:
-                cap = float(math.floor(budget / fp))
+                cap = float(math.floor(budget / (fp * ratio)))
             else:
                 cap = float(math.ceil(max(budget, shared.floor_tokens) / fp))
         if self._engine_cap:
