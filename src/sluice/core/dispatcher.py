@@ -6,7 +6,9 @@ Rules (docs/overload.md):
     model (they would take what it is waiting for).
   * Reserved P0 slots: P1 and P2 may fill a backend only up to
     cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
-    (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget.
+    (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget. What the
+    budget is compared with, alone on a backend, is the in-flight requests' projected
+    joint peak (core/kv_projection.py, `_project`) plus the new request's footprint.
   * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
     lower classes' last slot too, where P0 has a reserve: it is placed only while a
     backend has fewer than return_cap = max(1, cap_low - 1) in flight (cap_low with no
