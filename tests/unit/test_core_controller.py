@@ -55,7 +55,7 @@ def recorded(limit: int = 4) -> tuple[Controller, FakeClock, dict[str, Recorder]
         return recs[name]
 
     clock = FakeClock()
-    return Controller(policy(), clock, ["b0"], limiter_factory=factory), clock, recs
+    return Controller(policy().core_settings(), clock, ["b0"], limiter_factory=factory), clock, recs
 
 
 def test_samples_at_first_token_and_at_the_end() -> None:
@@ -129,7 +129,7 @@ def test_unknown_and_repeated_calls_are_no_ops() -> None:
 
 def test_removing_a_backend_keeps_the_others_counts() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.arrive(req("a"))
     c.arrive(req("b"))
     placed = {x.request_id: x.backend for x in c.dispatch()}
@@ -149,7 +149,7 @@ def test_removing_a_backend_keeps_the_others_counts() -> None:
 
 def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     for rid in ("a", "b", "c"):
         c.arrive(req(rid))
     c.dispatch()
@@ -181,7 +181,7 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
             "limiter": {"algorithm": "fixed", "fixedLimit": 2},
         }
     )
-    c.apply_policy(new)
+    c.apply_policy(new.core_settings())
     assert c.state_of("a") is RequestState.INFLIGHT
     assert c.state_of("b") is RequestState.QUEUED and c.state_of("c") is RequestState.QUEUED
     assert c.arrive(req("d")).code == "queue_full"  # 2 queued, new size 1
@@ -194,8 +194,10 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
 
 def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=6), clock, ["b0"])
-    c.apply_policy(policy(algorithm="sluice", limiter={"algorithm": "sluice", "maxLimit": 50}))
+    c = Controller(policy(limit=6).core_settings(), clock, ["b0"])
+    c.apply_policy(
+        policy(algorithm="sluice", limiter={"algorithm": "sluice", "maxLimit": 50}).core_settings()
+    )
     assert c.snapshot()["backends"]["b0"]["limit"] == 6
     assert c.snapshot()["algorithm"] == "sluice"
 
@@ -204,7 +206,9 @@ def sluice_controller() -> tuple[Controller, FakeClock]:
     """One backend under the sluice limiter starting at 10, no probe jitter."""
     clock = FakeClock()
     c = Controller(
-        policy(algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}),
+        policy(
+            algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}
+        ).core_settings(),
         clock,
         ["b0"],
         limiter_kwargs={"sluice": {"probe_jitter": 0.0}},
@@ -271,7 +275,7 @@ def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
 
 def test_snapshot_is_json_and_counters_add_up() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("a"))
     c.arrive(req("b"))
     c.arrive(req("x", prio=1))
@@ -326,7 +330,7 @@ def test_a_pinned_request_waits_for_its_own_backend() -> None:
     """A continuation of a response stored on a backend runs there, even when another
     backend has room; waiting for it does not hold the lower classes back."""
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.arrive(req("busy"))
     (first,) = c.dispatch()
     pinned_to = first.backend
@@ -344,7 +348,7 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
     another replica), nothing is admitted any more, what is in flight finishes; the
     counters still add up."""
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("a"))
     c.step()  # "a" runs
     c.arrive(req("b"))

@@ -153,7 +153,13 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
         kw: dict[str, Any] = {"seed": name} if lp.algorithm == "sluice" else {}
         return CheckedLimiter(make_limiter(lp, initial_limit=initial, **kw), violations)
 
-    c = Controller(make_policy(algorithm), clock, BACKENDS, rate_tau_s=1.0, limiter_factory=factory)
+    c = Controller(
+        make_policy(algorithm).core_settings(),
+        clock,
+        BACKENDS,
+        rate_tau_s=1.0,
+        limiter_factory=factory,
+    )
     queued: set[str] = set()  # waiting in a class queue
     inflight: dict[str, str] = {}  # id -> backend, reported by dispatch()
     # dispatched by arrive() (the queues were empty), to be reported by the next dispatch()

@@ -37,7 +37,7 @@ def controller(policy: Policy, clock: FakeClock, on_arrival: bool, **kw: Any) ->
         return make_limiter(lp, initial_limit=initial, **extra)
 
     return Controller(
-        policy,
+        policy.core_settings(),
         clock,
         BACKENDS,
         rate_tau_s=1.0,
@@ -182,7 +182,7 @@ def test_not_placed_on_arrival_while_anything_is_queued_or_no_backend_has_room()
 def test_cancelled_before_its_report_gives_back_its_slot_and_quota() -> None:
     clock = FakeClock()
     policy = make_policy(limit=1, reserved=0.0)
-    quotas = InProcessQuotas(policy.tenants)
+    quotas = InProcessQuotas(policy.core_settings().tenants)
     c = controller(policy, clock, on_arrival=True, quotas=quotas)
     before = quotas.levels("C", 0.0)
     c.arrive(RequestInfo("a", "C", 0, "m", 100, 100))
@@ -224,7 +224,9 @@ def run_both(script: list[tuple], limit: int = 1, **kw: Any) -> list[str]:
     clock = FakeClock()
     policy = make_policy(limit=limit, reserved=0.0)
     pair = [
-        Controller(policy, clock, ["b0"], rate_tau_s=1.0, dispatch_on_arrival=flag, **kw)
+        Controller(
+            policy.core_settings(), clock, ["b0"], rate_tau_s=1.0, dispatch_on_arrival=flag, **kw
+        )
         for flag in (True, False)
     ]
     started: list[str] = []

@@ -40,7 +40,9 @@ def req(rid: str, prio: int = 0, deadline: float | None = None) -> RequestInfo:
 
 def setup(pol: Policy, **kw: Any) -> tuple[Controller, FakeClock]:
     clock = FakeClock()
-    return Controller(pol, clock, ["b0"], rate_tau_s=1.0, ttft_alpha=1.0, **kw), clock
+    return Controller(
+        pol.core_settings(), clock, ["b0"], rate_tau_s=1.0, ttft_alpha=1.0, **kw
+    ), clock
 
 
 # -- tail ------------------------------------------------------------------------------
@@ -213,8 +215,8 @@ def test_a_class_never_sheds_below_the_pressure_that_fast_rejects_a_lower_class(
 
     seed = parse_policy("pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}")
     # P2 is fast-reject in the seed's queues: P1 (early-drop) sheds only from 0.8 on.
-    assert [t.shed_above for t in class_thresholds(seed)] == [0.8, 0.8, 0.5]
-    assert [t.fast_reject_above for t in class_thresholds(seed)] == [0.8, 0.8, 0.8]
+    assert [t.shed_above for t in class_thresholds(seed.core_settings())] == [0.8, 0.8, 0.5]
+    assert [t.fast_reject_above for t in class_thresholds(seed.core_settings())] == [0.8, 0.8, 0.8]
     no_fast = parse_policy("""
 queues:
   - {priority: 0, name: a, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
@@ -222,4 +224,4 @@ queues:
   - {priority: 2, name: c, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
 pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}
 """)
-    assert [t.shed_above for t in class_thresholds(no_fast)] == [0.5, 0.5, 0.5]
+    assert [t.shed_above for t in class_thresholds(no_fast.core_settings())] == [0.5, 0.5, 0.5]

@@ -45,7 +45,7 @@ def controller(scraped: bool = True) -> tuple[Controller, FakeClock]:
         return Budgeted()
 
     clock = FakeClock()
-    c = Controller(policy, clock, ["b0"], limiter_factory=factory)
+    c = Controller(policy.core_settings(), clock, ["b0"], limiter_factory=factory)
     if scraped:
         c.on_metrics("b0", BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16))
     return c, clock

@@ -101,6 +101,8 @@ def test_dropped_samples_are_ignored() -> None:
 
 
 def test_factory_builds_it_starting_at_min() -> None:
-    lim = make_limiter(LimiterPolicy(algorithm="vegas-seed", min_limit=3, initial_limit=8))
+    lim = make_limiter(
+        LimiterPolicy(algorithm="vegas-seed", min_limit=3, initial_limit=8).core_settings()
+    )
     assert isinstance(lim, VegasSeedLimiter)
     assert lim.limit == 3

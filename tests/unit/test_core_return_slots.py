@@ -144,8 +144,7 @@ def rec(rid: str, seq: int, tenant: str = "t") -> RequestRecord:
 
 
 def test_the_returns_lane_goes_first_in_the_order_it_came_back() -> None:
-    pol = Policy().queue(1)
-    q = ClassQueue(pol)
+    q = ClassQueue(Policy().core_settings().queue(1))
     q.push(rec("fresh-a", 1, "a"))
     q.push(rec("back-1", 2), returning=True)
     q.push(rec("fresh-b", 3, "b"))
@@ -158,7 +157,7 @@ def test_the_returns_lane_goes_first_in_the_order_it_came_back() -> None:
 
 
 def test_a_return_too_large_to_place_can_be_parked_like_any_request() -> None:
-    q = ClassQueue(Policy().queue(1))
+    q = ClassQueue(Policy().core_settings().queue(1))
     big = rec("back-big", 1)
     q.push(big, returning=True)
     q.push(rec("back-2", 2), returning=True)
@@ -213,7 +212,7 @@ def busy(pol: Policy) -> tuple[Controller, FakeClock, list[str]]:
     both slots busy and 2 P2 requests queued: pressure 1, a fresh P2 is fast-rejected.
     Returns the controller, its clock and the ids in flight."""
     clock = FakeClock()
-    c = Controller(pol, clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    c = Controller(pol.core_settings(), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
     n = 0
     inflight: list[str] = []
     for step in range(7):
@@ -310,7 +309,7 @@ def test_a_request_dropped_from_its_queue_is_given_a_slot_too() -> None:
 
 def test_an_idle_gateway_quotes_a_short_retry_after() -> None:
     # the issue's dashboard showed P0's Retry-After as 60 s on an idle gateway
-    c = Controller(Policy(), FakeClock(), ["b0"])
+    c = Controller(Policy().core_settings(), FakeClock(), ["b0"])
     c.set_backend_health("b0", True)
     quotes = {k: v["retry_after_s"] for k, v in c.snapshot()["classes"].items()}
     # one unit of the room its free slots give (8 slots for P0, 6 for P1/P2: 1 s each)
@@ -322,7 +321,9 @@ def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait
     clock = FakeClock()
     doc = policy().model_dump(by_alias=True)
     doc["queues"][0]["timeout"] = 0.2
-    c = Controller(Policy.model_validate(doc), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    c = Controller(
+        Policy.model_validate(doc).core_settings(), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0
+    )
     inflight: list[str] = []
     for step in range(8):  # P0 served at 4/s
         clock.set(step * 0.5)
@@ -352,7 +353,9 @@ def test_a_return_never_takes_a_slot_reserved_for_p0() -> None:
     doc["dispatcher"]["reserved"]["p0"] = 0.25  # cap_low 3: one slot is P0's
     doc["queues"][2]["maxQueueSize"] = 1
     clock = FakeClock()
-    c = Controller(Policy.model_validate(doc), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    c = Controller(
+        Policy.model_validate(doc).core_settings(), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0
+    )
     inflight: list[str] = []
     for step in range(7):  # P2 served at 6/s: the ledger has a rate
         clock.set(step * 0.5)

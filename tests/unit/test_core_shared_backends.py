@@ -54,7 +54,7 @@ def controller(lim: SharedLimiter, reserved: float = 0.0) -> Controller:
     def factory(name: str, lp: LimiterPolicy, initial: int | None) -> SharedLimiter:
         return lim
 
-    return Controller(policy, FakeClock(), ["b0"], limiter_factory=factory)
+    return Controller(policy.core_settings(), FakeClock(), ["b0"], limiter_factory=factory)
 
 
 def send(c: Controller, rid: str, prio: int = 0) -> list[str]:
@@ -151,7 +151,7 @@ def _first_choice(seed: str, shared: bool) -> str:
         return lim
 
     policy = Policy.model_validate({"limiter": {"algorithm": "fixed", "fixedLimit": 8}})
-    c = Controller(policy, FakeClock(), names, limiter_factory=factory, seed=seed)
+    c = Controller(policy.core_settings(), FakeClock(), names, limiter_factory=factory, seed=seed)
     placed = c.arrive(RequestInfo("a", "t", 0, "m", COST - 50, 100), take=True).assignment
     assert placed is not None
     return placed.backend

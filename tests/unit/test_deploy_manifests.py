@@ -114,7 +114,7 @@ def exported_series() -> set[str]:
     """Every series name the gateway's /metrics can carry: its registry's families plus the
     gauges read from a real controller's snapshot."""
     telemetry = Telemetry()
-    controller = Controller(Policy(), FakeClock(), backends=["vllm-0"])
+    controller = Controller(Policy().core_settings(), FakeClock(), backends=["vllm-0"])
     telemetry.watch_state(controller.snapshot)
     names: set[str] = set()
     for family in telemetry.registry.collect():

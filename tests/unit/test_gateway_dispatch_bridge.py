@@ -25,7 +25,7 @@ dispatcher: {reserved: {p0: 0.0}}
 
 def _setup() -> tuple[Controller, DispatchBridge]:
     clock = MonotonicClock()
-    controller = Controller(parse_policy(POLICY), clock, ["b0"])
+    controller = Controller(parse_policy(POLICY).core_settings(), clock, ["b0"])
     controller.set_backend_health("b0", True)
     return controller, DispatchBridge(controller, clock)
 
@@ -101,7 +101,9 @@ async def test_a_stream_placed_on_arrival_gets_its_first_token_alarm() -> None:
     reaches the limiter with no other event: the bridge armed its timer for the alarm."""
     limiter = _AlarmRecorder()
     clock = MonotonicClock()
-    controller = Controller(parse_policy(POLICY), clock, ["b0"], limiter_factory=lambda *_: limiter)
+    controller = Controller(
+        parse_policy(POLICY).core_settings(), clock, ["b0"], limiter_factory=lambda *_: limiter
+    )
     controller.set_backend_health("b0", True)
     bridge = DispatchBridge(controller, clock)
     admission = bridge.arrive(_req("s"))  # first_token_visible: a stream

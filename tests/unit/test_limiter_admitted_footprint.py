@@ -48,7 +48,7 @@ def _controller() -> tuple[Controller, FakeClock]:
     )
     clock = FakeClock()
     c = Controller(
-        policy,
+        policy.core_settings(),
         clock,
         ["b0"],
         limiter_kwargs={"sluice": {"footprint_alpha": 1.0}},

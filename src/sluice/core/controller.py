@@ -24,12 +24,12 @@ nothing else, the assignment comes back in the Admission and the step is not nee
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy, PressurePolicy
 from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.clock import Clock
@@ -48,6 +48,13 @@ from sluice.core.retry_after import (
     refusal_excess,
 )
 from sluice.core.return_slots import Offer, ReturnLedger
+from sluice.core.settings import (
+    CLASS_NAMES,
+    CoreSettings,
+    DropPolicy,
+    LimiterSettings,
+    PressureSettings,
+)
 from sluice.core.token_cost import TokenCostModel, footprint_tokens
 from sluice.core.types import (
     SIGNALS,
@@ -72,7 +79,7 @@ MIN_BURST_S = 2.0
 # it to another replica (the shutting-down one has left its endpoints).
 HANDOVER_RETRY_S = 0.1
 
-LimiterFactory = Callable[[str, LimiterPolicy, int | None], Limiter]
+LimiterFactory = Callable[[str, LimiterSettings, int | None], Limiter]
 
 
 class Step(NamedTuple):
@@ -165,7 +172,7 @@ class Refusal(NamedTuple):
     window_s: float = 0.0
 
 
-def class_thresholds(policy: Policy) -> list[PressurePolicy]:
+def class_thresholds(policy: CoreSettings) -> list[PressureSettings]:
     """Per class, the pressure thresholds it is judged by. A class never sheds at a
     pressure below the one at which a lower class is fast-rejected: P2 is refused before
     P1, P1 before P0."""
@@ -175,7 +182,7 @@ def class_thresholds(policy: Policy) -> list[PressurePolicy]:
         shed = policy.pressure.shed_above
         if any(q.drop_policy is DropPolicy.FAST_REJECT for q in below):
             shed = max(shed, policy.pressure.fast_reject_above)
-        out.append(policy.pressure.model_copy(update={"shed_above": shed}))
+        out.append(dataclasses.replace(policy.pressure, shed_above=shed))
     return out
 
 
@@ -190,7 +197,7 @@ def _bump(d: dict[str, int], key: str) -> None:
 class Controller:
     def __init__(
         self,
-        policy: Policy,
+        policy: CoreSettings,
         clock: Clock,
         backends: Sequence[str] = (),
         *,
@@ -220,7 +227,7 @@ class Controller:
         self._seed = seed
         self._queues = [ClassQueue(policy.queue(p)) for p in PRIORITIES]
         self._dispatcher = Dispatcher(
-            reserved_p0=policy.dispatcher.reserved.p0,
+            reserved_p0=policy.dispatcher.reserved_p0,
             aging_after_s=policy.dispatcher.aging_after,
             aging_every=aging_every,
             hold_for_large_s=policy.dispatcher.hold_for_large,
@@ -271,7 +278,7 @@ class Controller:
         kwargs = dict(self._limiter_kwargs.get(lp.algorithm, {}))
         if lp.algorithm in ("sluice", "slo"):
             kwargs.setdefault("seed", f"{self._seed}:{name}")
-            kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved.p0)
+            kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved_p0)
             kwargs.setdefault("demand_footprint", self._admitted_footprint_of(name))
         if lp.algorithm == "slo":
             kwargs.setdefault("objectives", self._policy.objectives())
@@ -1065,7 +1072,7 @@ class Controller:
 
     # -- hot reload --------------------------------------------------------------------
 
-    def apply_policy(self, policy: Policy) -> None:
+    def apply_policy(self, policy: CoreSettings) -> None:
         """New sizes, timeouts, drop policies, thresholds, reservations, quotas and limiter
         settings; queued and in-flight requests stay where they are (a queue over its new
         size keeps its requests and refuses newcomers until it is below)."""
@@ -1081,10 +1088,10 @@ class Controller:
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
         d.hold_for_large_s = policy.dispatcher.hold_for_large
-        d.set_reserved(policy.dispatcher.reserved.p0)
+        d.set_reserved(policy.dispatcher.reserved_p0)
         objectives = policy.objectives()
         for b in d.backends.values():
-            b.limiter.on_policy(1.0 - policy.dispatcher.reserved.p0, objectives)
+            b.limiter.on_policy(1.0 - policy.dispatcher.reserved_p0, objectives)
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():

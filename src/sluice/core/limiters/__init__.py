@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.config import LimiterPolicy
 from sluice.core.limiters.base import Limiter, LimiterBase, request_rtt
 from sluice.core.limiters.fixed import FixedLimiter
 from sluice.core.limiters.gradient import GradientLimiter
 from sluice.core.limiters.slo import SloLimiter
 from sluice.core.limiters.sluice import SluiceLimiter
 from sluice.core.limiters.vegas_seed import VegasSeedLimiter
+from sluice.core.settings import LimiterSettings
 
 __all__ = [
     "FixedLimiter",
@@ -26,7 +26,7 @@ __all__ = [
 
 
 def make_limiter(
-    policy: LimiterPolicy, *, initial_limit: int | None = None, **kwargs: Any
+    policy: LimiterSettings, *, initial_limit: int | None = None, **kwargs: Any
 ) -> Limiter:
     """A fresh limiter for one backend. `initial_limit` overrides the policy's (a hot
     reload keeps the current limit); extra keyword arguments go to the algorithm."""

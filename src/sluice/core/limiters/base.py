@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
+from sluice.core.settings import Objective
 from sluice.core.types import BackendMetrics, Sample
-
-if TYPE_CHECKING:
-    from sluice.config import Objective
 
 
 class SharedRoom(NamedTuple):

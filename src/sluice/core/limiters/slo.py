@@ -50,8 +50,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sluice.config import Objective
 from sluice.core.limiters.sluice import SluiceLimiter
+from sluice.core.settings import Objective
 from sluice.core.types import Sample
 
 

@@ -91,15 +91,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from sluice.core.ewma import Ewma
 from sluice.core.limiters.base import LimiterBase, SharedRoom
 from sluice.core.limiters.windowed_min import WindowedMin
+from sluice.core.settings import Objective
 from sluice.core.types import BackendMetrics, Sample
-
-if TYPE_CHECKING:
-    from sluice.config import Objective
 
 
 class SluiceLimiter(LimiterBase):
