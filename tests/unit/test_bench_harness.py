@@ -257,7 +257,7 @@ def test_reaction_is_measured_from_the_queueing_step_to_the_cut() -> None:
     arm = ArmSpec(
         "cut-on-waiting",
         policy,
-        controller_kwargs={"limiter_factory": lambda name, lp, initial: _CutOnWaiting()},
+        controller_kwargs={"limiter_factory": lambda context, lp, initial: _CutOnWaiting()},
     )
     # 30 requests of 300 tokens at once: the 4,096-token KV cache holds about 12
     workload = [req(i, 0.01, prompt=300, out=100) for i in range(30)]

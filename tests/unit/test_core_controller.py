@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import HANDOVER_RETRY_S, Controller
-from sluice.core.limiters import LimiterBase, SluiceLimiter
+from sluice.core.limiters import LimiterBase, LimiterContext, SluiceLimiter
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
 
 
@@ -50,9 +51,9 @@ class Recorder(LimiterBase):
 def recorded(limit: int = 4) -> tuple[Controller, FakeClock, dict[str, Recorder]]:
     recs: dict[str, Recorder] = {}
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Recorder:
-        recs[name] = Recorder(limit)
-        return recs[name]
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Recorder:
+        recs[context.backend] = Recorder(limit)
+        return recs[context.backend]
 
     clock = FakeClock()
     return Controller(policy().core_settings(), clock, ["b0"], limiter_factory=factory), clock, recs
@@ -79,7 +80,7 @@ def test_samples_at_first_token_and_at_the_end() -> None:
         prompt_tokens=244,
         inflight=2,
         sent_at=1.0,
-        extra={"prefill_ahead": 244.0},
+        prefill_ahead=244.0,
         priority=first.priority,
         max_tokens=100,
     )

@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_core_controller_invariants import make_policy as invariants_policy
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller, Step
-from sluice.core.limiters import Limiter, LimiterBase, make_limiter
+from sluice.core.limiters import Limiter, LimiterBase, LimiterContext, make_limiter
 from sluice.core.quota import InProcessQuotas
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Assignment, BackendMetrics, Outcome, RequestInfo, Sample
 
 BACKENDS = ["b0", "b1"]
@@ -32,8 +33,8 @@ def make_policy(algorithm: str = "fixed", limit: int = 2, reserved: float = 0.2)
 
 
 def controller(policy: Policy, clock: FakeClock, on_arrival: bool, **kw: Any) -> Controller:
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Limiter:
-        extra: dict[str, Any] = {"seed": name} if lp.algorithm == "sluice" else {}
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Limiter:
+        extra: dict[str, Any] = {"seed": context.backend} if lp.algorithm == "sluice" else {}
         return make_limiter(lp, initial_limit=initial, **extra)
 
     return Controller(
@@ -210,7 +211,7 @@ class CutOnOverdue(LimiterBase):
         return self._limit
 
     def on_sample(self, sample: Sample, now: float) -> None:
-        if "pending" in sample.extra:
+        if sample.pending:
             self._limit = 1
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
@@ -277,7 +278,7 @@ def test_a_round_robin_turn_left_over_by_a_cancel_is_not_skipped() -> None:
 
 
 def test_due_alarms_fire_before_an_arrival_is_placed() -> None:
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Limiter:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Limiter:
         return CutOnOverdue()
 
     started = run_both(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.dispatcher import low_cap
-from sluice.core.limiters import LimiterBase
+from sluice.core.limiters import LimiterBase, LimiterContext
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Outcome, RequestInfo
 
 
@@ -210,7 +211,7 @@ class BudgetLimiter(LimiterBase):
 def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:
     clock = FakeClock()
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> BudgetLimiter:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> BudgetLimiter:
         return BudgetLimiter(10, 1000.0)
 
     c = Controller(
@@ -247,7 +248,9 @@ class PrefillLimiter(LimiterBase):
 def test_the_prefill_bound_holds_prompts_until_first_tokens_come_back() -> None:
     clock = FakeClock()
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> PrefillLimiter:
+    def factory(
+        context: LimiterContext, lp: LimiterSettings, initial: int | None
+    ) -> PrefillLimiter:
         return PrefillLimiter(10, 1000.0)
 
     c = Controller(
@@ -275,7 +278,9 @@ def test_a_non_streamed_prompt_does_not_hold_the_prefill_bound() -> None:
     # bound for the whole answer
     clock = FakeClock()
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> PrefillLimiter:
+    def factory(
+        context: LimiterContext, lp: LimiterSettings, initial: int | None
+    ) -> PrefillLimiter:
         return PrefillLimiter(10, 1000.0)
 
     c = Controller(

@@ -5,11 +5,12 @@ at most `dispatcher.holdForLarge` (2 s), then waits without holding anyone back.
 
 from __future__ import annotations
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.limiters import LimiterBase
+from sluice.core.limiters import LimiterBase, LimiterContext
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo
 
 BUDGET = 1000.0  # KV tokens the backend's limiter allows in flight
@@ -41,7 +42,7 @@ def controller(scraped: bool = True) -> tuple[Controller, FakeClock]:
         }
     )  # fmt: skip
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Budgeted:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Budgeted:
         return Budgeted()
 
     clock = FakeClock()

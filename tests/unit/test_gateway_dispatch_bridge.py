@@ -92,7 +92,7 @@ class _AlarmRecorder(LimiterBase):
         return 0.05
 
     def on_sample(self, sample: Sample, now: float) -> None:
-        if sample.extra.get("pending"):
+        if sample.pending:
             self.overdue.set()
 
 

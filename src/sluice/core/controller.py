@@ -37,7 +37,7 @@ from sluice.core.dispatcher import Dispatcher
 from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
 from sluice.core.fleet_share import FleetShare
-from sluice.core.limiters import Limiter, make_limiter
+from sluice.core.limiters import Limiter, LimiterContext, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
@@ -79,7 +79,7 @@ MIN_BURST_S = 2.0
 # it to another replica (the shutting-down one has left its endpoints).
 HANDOVER_RETRY_S = 0.1
 
-LimiterFactory = Callable[[str, LimiterSettings, int | None], Limiter]
+LimiterFactory = Callable[[LimiterContext, LimiterSettings, int | None], Limiter]
 
 
 class Step(NamedTuple):
@@ -216,7 +216,7 @@ class Controller:
         return_slots: Mapping[str, Any] | None = None,
     ) -> None:
         """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
-        `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
+        `limiter_factory(context, policy.limiter, initial_limit)` replaces the built-in
         factory; `seed` makes each backend's probe jitter reproducible;
         `dispatch_on_arrival=False` makes `arrive` only queue (the behaviour the short cut
         reproduces: the tests compare the two)."""
@@ -273,17 +273,22 @@ class Controller:
 
     def _new_limiter(self, name: str, initial: int | None = None) -> Limiter:
         lp = self._policy.limiter
+        context = self._limiter_context(name)
         if self._limiter_factory is not None:
-            return self._limiter_factory(name, lp, initial)
-        kwargs = dict(self._limiter_kwargs.get(lp.algorithm, {}))
-        if lp.algorithm in ("sluice", "slo"):
-            kwargs.setdefault("seed", f"{self._seed}:{name}")
-            kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved_p0)
-            kwargs.setdefault("demand_footprint", self._admitted_footprint_of(name))
-        if lp.algorithm == "slo":
-            kwargs.setdefault("objectives", self._policy.objectives())
-            kwargs.setdefault("classes_in_flight", self._classes_in_flight_of(name))
-        return make_limiter(lp, initial_limit=initial, **kwargs)
+            return self._limiter_factory(context, lp, initial)
+        kwargs = self._limiter_kwargs.get(lp.algorithm, {})
+        return make_limiter(lp, context, initial_limit=initial, **kwargs)
+
+    def _limiter_context(self, name: str) -> LimiterContext:
+        """What a backend's limiter may ask of this controller."""
+        return LimiterContext(
+            backend=name,
+            seed=f"{self._seed}:{name}",
+            usable_share=1.0 - self._policy.dispatcher.reserved_p0,
+            objectives=self._policy.objectives(),
+            demand_footprint=self._admitted_footprint_of(name),
+            classes_in_flight=self._classes_in_flight_of(name),
+        )
 
     def _admitted_footprint_of(self, name: str) -> Callable[[], float | None]:
         """For a backend's limiter: the footprint of the requests being admitted for the
@@ -819,7 +824,8 @@ class Controller:
                     prompt_tokens=round(rec.prompt_est),
                     inflight=rec.inflight_at_send,
                     sent_at=rec.dispatched_at,
-                    extra={"pending": 1.0, "prefill_ahead": rec.prefill_ahead},
+                    prefill_ahead=rec.prefill_ahead,
+                    pending=True,
                 ),
                 now,
             )
@@ -884,7 +890,7 @@ class Controller:
                 prompt_tokens=round(rec.prompt_est),
                 inflight=rec.inflight_at_send,
                 sent_at=rec.dispatched_at,
-                extra={"prefill_ahead": rec.prefill_ahead},
+                prefill_ahead=rec.prefill_ahead,
                 priority=rec.priority,
                 client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
                 max_tokens=rec.info.max_tokens,
@@ -1089,9 +1095,8 @@ class Controller:
         d.aging_after_s = policy.dispatcher.aging_after
         d.hold_for_large_s = policy.dispatcher.hold_for_large
         d.set_reserved(policy.dispatcher.reserved_p0)
-        objectives = policy.objectives()
         for b in d.backends.values():
-            b.limiter.on_policy(1.0 - policy.dispatcher.reserved_p0, objectives)
+            b.limiter.on_policy(self._limiter_context(b.name))
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():

@@ -5,7 +5,7 @@ values: nobody changes one after it is made. Those made per request or per token
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -168,7 +168,11 @@ class Sample:
     completion_tokens: int = 0
     inflight: int = 0  # requests in flight on the backend when the request was sent
     dropped: bool = False  # error or timeout: a congestion signal
-    extra: dict[str, float] = field(default_factory=dict)
+    # First-token and pending samples: the prompt tokens of the requests sent to the
+    # backend before this one that had no first token yet (the prefill it queued behind).
+    prefill_ahead: float = 0.0
+    # Its first token is overdue: `ttft_s` is the time waited so far, a lower bound.
+    pending: bool = False
     # Core-clock time the request was sent to the backend: lets a limiter ignore samples
     # of requests sent before its last cut (they describe the old limit).
     sent_at: float | None = None
