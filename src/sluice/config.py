@@ -1,8 +1,9 @@
-"""The policy: the seed's ConfigMap (or its bare `policy.yaml`) plus Sluice's own sections.
+"""The policy: a Kubernetes ConfigMap (deploy/k8s/configmap.yaml), or its bare
+`policy.yaml`, with Sluice's own sections.
 
 Validation is strict (unknown keys are errors) so that a typo in a ConfigMap is caught by
 `sluice check-config` instead of silently running with a default. Field names follow the
-seed's camelCase style; Python code uses the snake_case attribute names.
+ConfigMap's camelCase style; Python code uses the snake_case attribute names.
 """
 
 from __future__ import annotations

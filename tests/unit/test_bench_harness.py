@@ -329,7 +329,7 @@ def test_a_pooling_request_finishes_when_its_prompt_is_computed() -> None:
 
 
 def test_a_fleet_scenario_scales_the_gateway_arms_queues() -> None:
-    # the seed's 200 / 500 / 1,000 hold seconds of two backends' capacity
+    # the default 200 / 500 / 1,000 hold seconds of two backends' capacity
     assert [q.max_queue_size for q in sluice_policy(scenario(), 64).queues] == [200, 500, 1000]
     fleet = scenario(backends=32, extra="queueScale: 16")
     assert [q.max_queue_size for q in sluice_policy(fleet, 64).queues] == [3200, 8000, 16000]

@@ -214,7 +214,7 @@ def test_a_class_never_sheds_below_the_pressure_that_fast_rejects_a_lower_class(
     from sluice.core.controller import class_thresholds
 
     seed = parse_policy("pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}")
-    # P2 is fast-reject in the seed's queues: P1 (early-drop) sheds only from 0.8 on.
+    # P2 is fast-reject in the default queues: P1 (early-drop) sheds only from 0.8 on.
     assert [t.shed_above for t in class_thresholds(seed.core_settings())] == [0.8, 0.8, 0.5]
     assert [t.fast_reject_above for t in class_thresholds(seed.core_settings())] == [0.8, 0.8, 0.8]
     no_fast = parse_policy("""

@@ -27,7 +27,7 @@ DASHBOARD = REPO / "deploy" / "grafana" / "sluice-dashboard.json"
 NAMESPACE = "ai-gateway"
 CLUSTER_SCOPED = {"Namespace"}
 
-# The seed's queues, exactly as the seed's ConfigMap writes them.
+# The default queues (config.DEFAULT_QUEUES), exactly as the ConfigMap writes them.
 SEED_QUEUES = [
     {
         "priority": 0,

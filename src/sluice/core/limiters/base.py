@@ -174,7 +174,7 @@ class LimiterBase(ABC):
 
 
 def request_rtt(sample: Sample) -> float | None:
-    """The whole-request time of an end sample, as the seed's limiter sees it.
+    """The whole-request time of an end sample (`vegas-seed` and `gradient` read it).
 
     `e2e_s` if set, else ttft + tpot * (completion - 1). None for a first-token sample or
     when nothing is known.
