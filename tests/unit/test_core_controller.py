@@ -364,7 +364,7 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
         ("c", "shutting_down", HANDOVER_RETRY_S, 3.0),
     ]
     late = c.arrive(req("d"))
-    assert (late.queued, late.code, late.retry_after_s) == (
+    assert (late.admitted, late.code, late.retry_after_s) == (
         False,
         RejectCode.SHUTTING_DOWN,
         HANDOVER_RETRY_S,

@@ -183,7 +183,7 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
             adm = c.arrive(
                 RequestInfo(rid, tenant, prio, "m", prompt, 200, client_deadline=deadline)
             )
-            if adm.queued:
+            if adm.admitted:
                 if c.state_of(rid) is RequestState.INFLIGHT:
                     # only a request that found every queue empty skips them
                     assert not queued

@@ -153,7 +153,7 @@ def test_a_driver_that_steps_after_every_event_sees_no_difference(
 def test_placed_on_arrival_and_reported_by_the_next_step() -> None:
     clock = FakeClock(5.0)
     c = controller(make_policy(limit=1, reserved=0.0), clock, on_arrival=True)
-    assert c.arrive(RequestInfo("a", "A", 1, "m", 100, 100)).queued
+    assert c.arrive(RequestInfo("a", "A", 1, "m", 100, 100)).admitted
     # in flight at once, on the backend the next pass names
     assert c.state_of("a") is RequestState.INFLIGHT and c.backend_of("a") == "b0"
     assert c.snapshot()["classes"]["P1"]["queued"] == 0
@@ -358,7 +358,7 @@ def test_taking_placements_on_arrival_and_skipping_quiet_steps_changes_nothing(
             info = arrival(step, ids, clock.now())
             a = taker.arrive(info, take=True)
             b = stepper.arrive(info)
-            assert (a.queued, a.code, a.retry_after_s) == (b.queued, b.code, b.retry_after_s)
+            assert (a.admitted, a.code, a.retry_after_s) == (b.admitted, b.code, b.retry_after_s)
             if a.assignment is not None:
                 taken = [a.assignment]
                 arm(taker.next_alarm_at())
@@ -388,9 +388,9 @@ def test_a_placement_taken_on_arrival_is_not_reported_again() -> None:
     clock = FakeClock(5.0)
     c = controller(make_policy(limit=1, reserved=0.0), clock, on_arrival=True)
     a = c.arrive(RequestInfo("a", "A", 1, "m", 100, 100), take=True)
-    assert a.queued and a.assignment == Assignment("a", "b0", 0.0)
+    assert a.admitted and a.assignment == Assignment("a", "b0", 0.0)
     assert c.quiet() and c.step() == Step([], [], None)
     b = c.arrive(RequestInfo("b", "A", 1, "m", 100, 100), take=True)
     assert b.assignment == Assignment("b", "b1", 0.0)
     q = c.arrive(RequestInfo("q", "A", 1, "m", 100, 100), take=True)  # no room: queued
-    assert q.queued and q.assignment is None and not c.quiet()
+    assert q.admitted and q.assignment is None and not c.quiet()

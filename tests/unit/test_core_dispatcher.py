@@ -175,10 +175,10 @@ def test_backend_choice_respects_models_and_health() -> None:
     assert {a.request_id: a.backend for a in c.dispatch()} == {"q": "b1", "l": "b0"}
     c.set_backend_health("b1", False)
     adm = c.arrive(req("q2", 0, model="qwen"))
-    assert not adm.queued and adm.code == "no_backend"
+    assert not adm.admitted and adm.code == "no_backend"
     assert adm.retry_after_s == 2.0
     c.set_backend_health("b1", True)
-    assert c.arrive(req("q3", 0, model="qwen")).queued
+    assert c.arrive(req("q3", 0, model="qwen")).admitted
     assert c.dispatch()[0].backend == "b1"
 
 

@@ -59,23 +59,23 @@ def req(rid: str, prio: int, tenant: str, prompt: int, max_tokens: int = 100) ->
 def test_a_prompt_larger_than_every_kv_cache_is_refused_at_arrival() -> None:
     c, _ = controller()
     adm = c.arrive(req("huge", 1, "a", prompt=CAPACITY + 1))
-    assert (adm.queued, adm.code, adm.retry_after_s) == (False, RejectCode.TOO_LARGE, 0.0)
+    assert (adm.admitted, adm.code, adm.retry_after_s) == (False, RejectCode.TOO_LARGE, 0.0)
     assert c.snapshot()["classes"]["P1"]["rejected"] == {"context_length_exceeded": 1}
     # one that fits the cache (if not the budget) is queued as usual
-    assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).queued
+    assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).admitted
 
 
 def test_an_unknown_kv_cache_refuses_nothing() -> None:
     c, _ = controller(scraped=False)
-    assert c.arrive(req("huge", 1, "a", prompt=10 * CAPACITY)).queued
+    assert c.arrive(req("huge", 1, "a", prompt=10 * CAPACITY)).admitted
 
 
 def test_a_request_that_needs_an_empty_backend_holds_the_others_back_two_seconds() -> None:
     c, clock = controller()
-    assert c.arrive(req("busy", 2, "etl", prompt=100)).queued  # a long answer in flight
+    assert c.arrive(req("busy", 2, "etl", prompt=100)).admitted  # a long answer in flight
     assert [a.request_id for a in c.step().assignments] == ["busy"]
     # P1 tenant a: 1,200 + 50 expected output > the 1,000 budget: only an empty backend
-    assert c.arrive(req("big", 1, "a", prompt=1200)).queued
+    assert c.arrive(req("big", 1, "a", prompt=1200)).admitted
     assert c.step().assignments == []  # it waits, holding the backend for itself
     clock.set(0.1)
     c.arrive(req("small", 1, "b", prompt=50))  # another P1 tenant

@@ -61,13 +61,13 @@ def test_controller_rejects_with_tenant_quota() -> None:
     )
     clock = FakeClock()
     c = Controller(pol.core_settings(), clock, ["b0"])
-    assert c.arrive(RequestInfo("a", "t", 0, "m", 10, 10)).queued
+    assert c.arrive(RequestInfo("a", "t", 0, "m", 10, 10)).admitted
     adm = c.arrive(RequestInfo("b", "t", 0, "m", 10, 10))
     assert adm.code is RejectCode.TENANT_QUOTA and adm.retry_after_s == 60.0
     c.dispatch()
     c.on_finish("a", Outcome.OK, 10, 5)
     clock.set(60.0)
-    assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).queued
+    assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).admitted
     assert c.snapshot()["classes"]["P0"]["rejected"] == {"tenant_quota": 1}
 
 
@@ -81,7 +81,7 @@ def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time(
     clock = FakeClock(100.0)
     c = Controller(pol.core_settings(), clock, ["b0"])
     for rid in ("a", "b"):
-        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, 10)).queued
+        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, 10)).admitted
     # the next request refills in 30 s (2 per minute)
     in_time = c.arrive(RequestInfo("c", "t", 1, "m", 10, 10, client_deadline=131.0))
     assert in_time.code is RejectCode.TENANT_QUOTA and in_time.retry_after_s == 30.0
@@ -162,10 +162,10 @@ def test_a_request_is_charged_at_most_a_full_bucket_and_nothing_if_the_backend_r
     c = Controller(policy.core_settings(), clock, ["b0"])
     for i, max_tokens in enumerate((10_000_000, 2**63 - 1)):
         rid = f"huge-{i}"
-        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, max_tokens)).queued
+        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, max_tokens)).admitted
         c.step()
         c.on_finish(rid, Outcome.CLIENT_ERROR)  # refused by the backend: no usage
-        assert c.arrive(RequestInfo(f"next-{i}", "t", 1, "m", 10, 100)).queued
+        assert c.arrive(RequestInfo(f"next-{i}", "t", 1, "m", 10, 100)).admitted
         c.step()
         c.on_finish(f"next-{i}", Outcome.OK, 10, 50)
     q = InProcessQuotas([tenant.core_settings()])

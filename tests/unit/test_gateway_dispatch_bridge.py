@@ -38,10 +38,10 @@ def _req(rid: str) -> RequestInfo:
 
 async def test_assignment_then_timeout_fires_by_itself() -> None:
     controller, bridge = _setup()
-    assert controller.arrive(_req("a")).queued
+    assert controller.arrive(_req("a")).admitted
     first = await bridge.wait("a")
     assert isinstance(first, Assignment) and first.backend == "b0"
-    assert controller.arrive(_req("b")).queued
+    assert controller.arrive(_req("b")).admitted
     # The only slot stays taken: "b" must be dropped by the timer at its 200 ms timeout.
     second = await asyncio.wait_for(bridge.wait("b"), 2.0)
     assert isinstance(second, Rejection) and second.code is RejectCode.QUEUE_TIMEOUT

@@ -137,7 +137,7 @@ def run_once(
             step = ctrl.step()
             ns += perf() - t0
             calls += 2
-            if not adm.queued:
+            if not adm.admitted:
                 pending.pop(rid)
             q = sum(len(c) for c in ctrl._queues)  # a benchmark peeks
             queued_sum += q

@@ -696,7 +696,7 @@ class _Run:
         r.gw = gw
         self.gw_stats[gw]["arrivals"] += 1
         adm = self.ctrls[gw].arrive(info)
-        if not adm.queued:
+        if not adm.admitted:
             assert adm.code is not None
             self._rejected(t, r, adm.code.value, adm.retry_after_s, adm.booking, adm.retry_window_s)
         else:

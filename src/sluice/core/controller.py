@@ -71,7 +71,7 @@ from sluice.core.types import (
 PRIORITIES = (0, 1, 2)
 _INFLIGHT = RequestState.INFLIGHT
 _DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
-_QUEUED = Admission.ok()  # shared: an answer is never changed
+_ADMITTED = Admission.ok()  # shared: an answer is never changed
 # A burst above is forecast to last at least this much longer (Lindy: as long again as it
 # has lasted, but a burst just seen is not over at once).
 MIN_BURST_S = 2.0
@@ -476,9 +476,9 @@ class Controller:
                     return Admission(True, assignment=self._started(rec, b, now))
                 # its first-token alarm is armed when it is reported, as step() would
                 self._ready.append((rec, self._started(rec, b, now, arm=False)))
-                return _QUEUED
+                return _ADMITTED
         q.push(rec, returning=returning)
-        return _QUEUED
+        return _ADMITTED
 
     def _estimate(self, req: RequestInfo) -> tuple[float, float, int]:
         """(corrected prompt, expected output of all its sequences, KV footprint)."""
@@ -506,9 +506,9 @@ class Controller:
     ) -> Admission:
         _bump(counters.rejected, code.value)
         if refusal is None or refusal.booking is None:
-            return Admission(queued=False, code=code, retry_after_s=retry_s)
+            return Admission(admitted=False, code=code, retry_after_s=retry_s)
         return Admission(
-            queued=False,
+            admitted=False,
             code=code,
             retry_after_s=retry_s,
             booking=refusal.booking,

@@ -71,11 +71,11 @@ class RequestInfo:
 
 @dataclass(slots=True)
 class Admission:
-    """The answer to `arrive`: queued (wait for an assignment) or rejected at once. With
-    `arrive(..., take=True)`, a request placed on arrival comes back with its assignment
-    here instead of in the next step."""
+    """The answer to `arrive`: admitted (queued, or placed at once: its assignment comes
+    in a later step) or rejected at once. With `arrive(..., take=True)`, a request placed
+    on arrival comes back with its assignment here instead of in the next step."""
 
-    queued: bool
+    admitted: bool
     code: RejectCode | None = None
     retry_after_s: float = 0.0  # when rejected: the estimated time until there is room
     assignment: Assignment | None = None
@@ -86,7 +86,7 @@ class Admission:
 
     @staticmethod
     def ok() -> Admission:
-        return Admission(queued=True)
+        return Admission(admitted=True)
 
 
 @dataclass(slots=True)
