@@ -216,7 +216,7 @@ def sluice_serve_available(exe: Path) -> str | None:
 
 
 FALLBACK_POLICY = """\
-# Written by bench/overhead: one P0 tenant, the seed's queues.
+# Written by bench/overhead: one P0 tenant, the default queues.
 queues:
   - {priority: 0, name: realtime-interactive, maxQueueSize: 200, timeout: 8s, dropPolicy: tail}
   - {priority: 1, name: agent-workflow, maxQueueSize: 500, timeout: 15s,

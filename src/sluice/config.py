@@ -1,8 +1,9 @@
-"""The policy: the seed's ConfigMap (or its bare `policy.yaml`) plus Sluice's own sections.
+"""The policy: a Kubernetes ConfigMap (deploy/k8s/configmap.yaml), or its bare
+`policy.yaml`, with Sluice's own sections.
 
 Validation is strict (unknown keys are errors) so that a typo in a ConfigMap is caught by
 `sluice check-config` instead of silently running with a default. Field names follow the
-seed's camelCase style; Python code uses the snake_case attribute names.
+ConfigMap's camelCase style; Python code uses the snake_case attribute names.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -27,7 +27,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-CLASS_NAMES = {0: "P0", 1: "P1", 2: "P2"}
+from sluice.core import settings as core
+
+# the core's own, which the policy names too
+from sluice.core.settings import CLASS_NAMES as CLASS_NAMES
+from sluice.core.settings import DropPolicy as DropPolicy
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -55,12 +59,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
-
-
-class DropPolicy(StrEnum):
-    TAIL = "tail"
-    EARLY_DROP_ON_PRESSURE = "early-drop-on-pressure"
-    FAST_REJECT = "fast-reject"
 
 
 def parse_objective(value: Any) -> float:
@@ -94,6 +92,9 @@ class Objective(_Model):
             raise ValueError("an objective needs at least one of ttft, tpot, doneWithin")
         return self
 
+    def core_settings(self) -> core.Objective:
+        return core.Objective(self.ttft, self.tpot, self.done_within)
+
 
 # Each class's objective when its queue states none: the bench's SLOs
 # (docs/bench.md; P0 interactive, P1 agents that may wait 10-15 s, P2 batch within a minute).
@@ -121,6 +122,16 @@ class QueuePolicy(_Model):
             if isinstance(prio, int) and not isinstance(prio, bool) and prio in DEFAULT_OBJECTIVES:
                 data = {**data, "slo": DEFAULT_OBJECTIVES[prio]}
         return data
+
+    def core_settings(self) -> core.QueueSettings:
+        return core.QueueSettings(
+            self.priority,
+            self.name,
+            self.max_queue_size,
+            self.timeout,
+            self.drop_policy,
+            self.slo.core_settings(),
+        )
 
 
 DEFAULT_QUEUES: tuple[QueuePolicy, ...] = (
@@ -172,6 +183,12 @@ class Tenant(_Model):
         """All accepted keys as sha256 hex digests (plaintext keys are hashed here)."""
         plain = [hashlib.sha256(k.encode()).hexdigest() for k in self.api_keys]
         return plain + list(self.api_key_sha256)
+
+    def core_settings(self) -> core.TenantLimits:
+        """Its quotas, without its keys."""
+        return core.TenantLimits(
+            self.name, self.tokens_per_minute, self.requests_per_minute, self.max_concurrency
+        )
 
 
 # The engines Sluice has a metrics adapter for (sluice.gateway.engines), and `auto`.
@@ -244,6 +261,11 @@ class LimiterPolicy(_Model):
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError("need minLimit <= initialLimit <= maxLimit")
         return self
+
+    def core_settings(self) -> core.LimiterSettings:
+        return core.LimiterSettings(
+            self.algorithm, self.min_limit, self.max_limit, self.initial_limit, self.fixed_limit
+        )
 
 
 class Reserved(_Model):
@@ -388,6 +410,19 @@ class Policy(_Model):
     def objectives(self) -> dict[int, Objective]:
         """Each class's latency objective, by priority."""
         return {q.priority: q.slo for q in self.queues}
+
+    def core_settings(self) -> core.CoreSettings:
+        """What the core reads of this policy, as its own values (core/settings.py):
+        made once per load, by whoever hands the policy to the Controller."""
+        d, p, r = self.dispatcher, self.pressure, self.retry_after
+        return core.CoreSettings(
+            queues=tuple(self.queue(prio).core_settings() for prio in sorted(CLASS_NAMES)),
+            tenants=tuple(t.core_settings() for t in self.tenants),
+            limiter=self.limiter.core_settings(),
+            dispatcher=core.DispatcherSettings(d.reserved.p0, d.aging_after, d.hold_for_large),
+            pressure=core.PressureSettings(p.fast_reject_above, p.shed_above, p.max_retry_after),
+            retry_after=core.RetryAfterSettings(r.rule, r.fixed_seconds),
+        )
 
 
 def _unique(what: str, names: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Tenant quotas shared through a real redis-server (scripts/ensure_redis.sh installs it;
+"""TenantLimits quotas shared through a real redis-server (scripts/ensure_redis.sh installs it;
 each test starts its own on a free port in a temporary folder and kills it).
 
 The must-show: two gateway processes in front of the same backend, one Redis: a tenant with
@@ -22,9 +22,9 @@ from conftest import SimFactory
 from gateway_proc import GatewayProcess, start_gateway
 from redis_proc import REDIS_SERVER, RedisServer
 
-from sluice.config import Tenant
 from sluice.core.clock import MonotonicClock
 from sluice.core.quota import InProcessQuotas
+from sluice.core.settings import TenantLimits
 from sluice.gateway.shared_quota import SharedQuotaGate, tenant_keys
 
 pytestmark = [
@@ -46,7 +46,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 # -- the scripts against a real Redis, two "processes" in one ------------------------------
 
 
-def _gate(url: str, *tenants: Tenant, stale_after_s: float = 10.0) -> SharedQuotaGate:
+def _gate(url: str, *tenants: TenantLimits, stale_after_s: float = 10.0) -> SharedQuotaGate:
     return SharedQuotaGate(
         url, tenants, MonotonicClock(), stale_after_s=stale_after_s, call_timeout_s=1.0
     )
@@ -55,8 +55,8 @@ def _gate(url: str, *tenants: Tenant, stale_after_s: float = 10.0) -> SharedQuot
 async def test_request_and_token_buckets_behave_like_the_in_process_ones(
     redis_server: RedisServer,
 ) -> None:
-    rpm = Tenant(name="rpm", requests_per_minute=4)
-    tpm = Tenant(name="tpm", tokens_per_minute=600)
+    rpm = TenantLimits(name="rpm", requests_per_minute=4)
+    tpm = TenantLimits(name="tpm", tokens_per_minute=600)
     a, b = _gate(redis_server.url, rpm, tpm), _gate(redis_server.url, rpm, tpm)
     local = InProcessQuotas([rpm, tpm])
     try:
@@ -96,7 +96,7 @@ async def _drain(gate: SharedQuotaGate) -> None:
 async def test_max_concurrency_holds_across_processes_and_outlives_a_crashed_one(
     redis_server: RedisServer,
 ) -> None:
-    capped = Tenant(name="capped", max_concurrency=2)
+    capped = TenantLimits(name="capped", max_concurrency=2)
     a = _gate(redis_server.url, capped, stale_after_s=0.5)
     b = _gate(redis_server.url, capped, stale_after_s=0.5)
     try:
@@ -126,7 +126,7 @@ async def test_max_concurrency_holds_across_processes_and_outlives_a_crashed_one
 async def test_parts_of_the_demand_add_up_and_a_restarted_redis_gets_its_levels_back(
     redis_server: RedisServer,
 ) -> None:
-    tpm = Tenant(name="tpm", tokens_per_minute=6000)
+    tpm = TenantLimits(name="tpm", tokens_per_minute=6000)
     a, b = _gate(redis_server.url, tpm), _gate(redis_server.url, tpm)
     try:
         started = time.monotonic()

@@ -257,7 +257,7 @@ def test_reaction_is_measured_from_the_queueing_step_to_the_cut() -> None:
     arm = ArmSpec(
         "cut-on-waiting",
         policy,
-        controller_kwargs={"limiter_factory": lambda name, lp, initial: _CutOnWaiting()},
+        controller_kwargs={"limiter_factory": lambda context, lp, initial: _CutOnWaiting()},
     )
     # 30 requests of 300 tokens at once: the 4,096-token KV cache holds about 12
     workload = [req(i, 0.01, prompt=300, out=100) for i in range(30)]
@@ -329,7 +329,7 @@ def test_a_pooling_request_finishes_when_its_prompt_is_computed() -> None:
 
 
 def test_a_fleet_scenario_scales_the_gateway_arms_queues() -> None:
-    # the seed's 200 / 500 / 1,000 hold seconds of two backends' capacity
+    # the default 200 / 500 / 1,000 hold seconds of two backends' capacity
     assert [q.max_queue_size for q in sluice_policy(scenario(), 64).queues] == [200, 500, 1000]
     fleet = scenario(backends=32, extra="queueScale: 16")
     assert [q.max_queue_size for q in sluice_policy(fleet, 64).queues] == [3200, 8000, 16000]

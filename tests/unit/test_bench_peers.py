@@ -33,26 +33,26 @@ def metrics(at: float, waiting: float = 0.0, kv: float = 0.0) -> BackendMetrics:
 
 def test_litellm_refuses_over_the_cap_at_once_with_retry_after_60() -> None:
     gw = LiteLLMGateway(FakeClock(), ["b0"], cap=2)
-    assert gw.arrive(info("a")).queued and gw.arrive(info("b")).queued
+    assert gw.arrive(info("a")).admitted and gw.arrive(info("b")).admitted
     assert [a.backend for a in gw.dispatch()] == ["b0", "b0"]
     refused = gw.arrive(info("c", priority=0))  # P0 or not: the priority is ignored
-    assert (refused.queued, refused.code, refused.retry_after_s) == (
+    assert (refused.admitted, refused.code, refused.retry_after_s) == (
         False,
         PeerCode.LITELLM_PARALLEL,
         60.0,
     )
     gw.on_finish("a", Outcome.OK)
-    assert gw.arrive(info("c")).queued
+    assert gw.arrive(info("c")).admitted
     assert gw.snapshot()["backends"]["b0"] == {"limit": 2.0, "inflight": 2}
 
 
 def test_litellm_spreads_over_deployments_with_a_free_slot() -> None:
     gw = LiteLLMGateway(FakeClock(), ["b0", "b1"], cap=1)
     gw.set_backend_health("b1", False)
-    assert gw.arrive(info("a")).queued
-    assert not gw.arrive(info("b")).queued  # b1 is down, b0 full
+    assert gw.arrive(info("a")).admitted
+    assert not gw.arrive(info("b")).admitted  # b1 is down, b0 full
     gw.set_backend_health("b1", True)
-    assert gw.arrive(info("b")).queued
+    assert gw.arrive(info("b")).admitted
     assert sorted(a.backend for a in gw.dispatch()) == ["b0", "b1"]
 
 
@@ -76,11 +76,11 @@ def test_gie_sheds_only_sheddable_requests_while_saturated() -> None:
     gw = GieGateway(FakeClock(), ["b0"])
     gw.on_metrics("b0", metrics(0.0, kv=0.8))  # kv / 0.8 = 1.0: saturated
     shed = gw.arrive(info("p2", priority=2))
-    assert (shed.queued, shed.code, shed.retry_after_s) == (False, PeerCode.GIE_SHED, None)
-    assert gw.arrive(info("p0", priority=0)).queued  # no limit of its own
-    assert gw.arrive(info("p1", priority=1)).queued
+    assert (shed.admitted, shed.code, shed.retry_after_s) == (False, PeerCode.GIE_SHED, None)
+    assert gw.arrive(info("p0", priority=0)).admitted  # no limit of its own
+    assert gw.arrive(info("p1", priority=1)).admitted
     gw.on_metrics("b0", metrics(0.0, kv=0.79))
-    assert gw.arrive(info("p2b", priority=2)).queued
+    assert gw.arrive(info("p2b", priority=2)).admitted
     assert [a.request_id for a in gw.dispatch()] == ["p0", "p1", "p2b"]
 
 
@@ -100,7 +100,7 @@ def test_gie_flow_control_dispatches_by_band_and_stops_while_saturated() -> None
     gw = GieGateway(clock, ["b0"], flow_control=True)
     gw.on_metrics("b0", metrics(0.0, waiting=5))  # saturated
     for rid, prio in (("p2", 2), ("p1", 1), ("p0", 0)):
-        assert gw.arrive(info(rid, prio)).queued  # flow control sheds nobody on arrival
+        assert gw.arrive(info(rid, prio)).admitted  # flow control sheds nobody on arrival
     assert gw.dispatch() == [] and gw.queued() == [1, 1, 1]
     assert gw.next_wakeup() is None  # nothing to do until the metrics change
     gw.on_metrics("b0", metrics(0.0, waiting=0))
@@ -143,9 +143,9 @@ def test_gie_flow_control_sends_one_request_per_tick_and_honours_a_ttl() -> None
 def test_envoy_starts_pinned_at_3_and_refuses_beyond_with_503() -> None:
     gw = EnvoyGateway(FakeClock(), ["b0"])
     for i in range(3):
-        assert gw.arrive(info(f"r{i}")).queued
+        assert gw.arrive(info(f"r{i}")).admitted
     refused = gw.arrive(info("r3"))
-    assert (refused.queued, refused.code, refused.retry_after_s) == (
+    assert (refused.admitted, refused.code, refused.retry_after_s) == (
         False,
         PeerCode.ENVOY_LIMIT,
         None,
@@ -155,7 +155,7 @@ def test_envoy_starts_pinned_at_3_and_refuses_beyond_with_503() -> None:
 def _complete(gw: EnvoyGateway, clock: FakeClock, n: int, latency: float, tag: str) -> None:
     for i in range(n):
         rid = f"{tag}{i}"
-        assert gw.arrive(info(rid)).queued, (rid, gw.concurrency_limit, gw.outstanding)
+        assert gw.arrive(info(rid)).admitted, (rid, gw.concurrency_limit, gw.outstanding)
         clock.advance(latency)
         gw.on_finish(rid, Outcome.OK)
 

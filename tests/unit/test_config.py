@@ -1,4 +1,4 @@
-"""Policy loading: the seed's ConfigMap as it stands, durations, strict validation."""
+"""Policy loading: deploy/k8s/configmap.yaml as it stands, durations, strict validation."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from sluice.core.types import RequestInfo
 
 POLICY = QueuePolicy(
     priority=1, name="p1", max_queue_size=100, timeout=10.0, drop_policy=DropPolicy.TAIL
-)
+).core_settings()
 
 _seq = 0
 

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import HANDOVER_RETRY_S, Controller
-from sluice.core.limiters import LimiterBase, SluiceLimiter
+from sluice.core.limiters import LimiterBase, LimiterContext, SluiceLimiter
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
 
 
@@ -50,12 +51,12 @@ class Recorder(LimiterBase):
 def recorded(limit: int = 4) -> tuple[Controller, FakeClock, dict[str, Recorder]]:
     recs: dict[str, Recorder] = {}
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Recorder:
-        recs[name] = Recorder(limit)
-        return recs[name]
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Recorder:
+        recs[context.backend] = Recorder(limit)
+        return recs[context.backend]
 
     clock = FakeClock()
-    return Controller(policy(), clock, ["b0"], limiter_factory=factory), clock, recs
+    return Controller(policy().core_settings(), clock, ["b0"], limiter_factory=factory), clock, recs
 
 
 def test_samples_at_first_token_and_at_the_end() -> None:
@@ -79,7 +80,7 @@ def test_samples_at_first_token_and_at_the_end() -> None:
         prompt_tokens=244,
         inflight=2,
         sent_at=1.0,
-        extra={"prefill_ahead": 244.0},
+        prefill_ahead=244.0,
         priority=first.priority,
         max_tokens=100,
     )
@@ -129,7 +130,7 @@ def test_unknown_and_repeated_calls_are_no_ops() -> None:
 
 def test_removing_a_backend_keeps_the_others_counts() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.arrive(req("a"))
     c.arrive(req("b"))
     placed = {x.request_id: x.backend for x in c.dispatch()}
@@ -149,7 +150,7 @@ def test_removing_a_backend_keeps_the_others_counts() -> None:
 
 def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     for rid in ("a", "b", "c"):
         c.arrive(req(rid))
     c.dispatch()
@@ -181,7 +182,7 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
             "limiter": {"algorithm": "fixed", "fixedLimit": 2},
         }
     )
-    c.apply_policy(new)
+    c.apply_policy(new.core_settings())
     assert c.state_of("a") is RequestState.INFLIGHT
     assert c.state_of("b") is RequestState.QUEUED and c.state_of("c") is RequestState.QUEUED
     assert c.arrive(req("d")).code == "queue_full"  # 2 queued, new size 1
@@ -194,8 +195,10 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
 
 def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=6), clock, ["b0"])
-    c.apply_policy(policy(algorithm="sluice", limiter={"algorithm": "sluice", "maxLimit": 50}))
+    c = Controller(policy(limit=6).core_settings(), clock, ["b0"])
+    c.apply_policy(
+        policy(algorithm="sluice", limiter={"algorithm": "sluice", "maxLimit": 50}).core_settings()
+    )
     assert c.snapshot()["backends"]["b0"]["limit"] == 6
     assert c.snapshot()["algorithm"] == "sluice"
 
@@ -204,7 +207,9 @@ def sluice_controller() -> tuple[Controller, FakeClock]:
     """One backend under the sluice limiter starting at 10, no probe jitter."""
     clock = FakeClock()
     c = Controller(
-        policy(algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}),
+        policy(
+            algorithm="sluice", limiter={"algorithm": "sluice", "initialLimit": 10}
+        ).core_settings(),
         clock,
         ["b0"],
         limiter_kwargs={"sluice": {"probe_jitter": 0.0}},
@@ -271,7 +276,7 @@ def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
 
 def test_snapshot_is_json_and_counters_add_up() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("a"))
     c.arrive(req("b"))
     c.arrive(req("x", prio=1))
@@ -326,7 +331,7 @@ def test_a_pinned_request_waits_for_its_own_backend() -> None:
     """A continuation of a response stored on a backend runs there, even when another
     backend has room; waiting for it does not hold the lower classes back."""
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.arrive(req("busy"))
     (first,) = c.dispatch()
     pinned_to = first.backend
@@ -344,7 +349,7 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
     another replica), nothing is admitted any more, what is in flight finishes; the
     counters still add up."""
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("a"))
     c.step()  # "a" runs
     c.arrive(req("b"))
@@ -359,7 +364,7 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
         ("c", "shutting_down", HANDOVER_RETRY_S, 3.0),
     ]
     late = c.arrive(req("d"))
-    assert (late.queued, late.code, late.retry_after_s) == (
+    assert (late.admitted, late.code, late.retry_after_s) == (
         False,
         RejectCode.SHUTTING_DOWN,
         HANDOVER_RETRY_S,

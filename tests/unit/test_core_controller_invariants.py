@@ -7,12 +7,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.limiters import Limiter, LimiterBase, make_limiter
+from sluice.core.limiters import Limiter, LimiterBase, LimiterContext, make_limiter
 from sluice.core.limiters.base import SharedRoom
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
 
 BACKENDS = ["b0", "b1"]
@@ -149,11 +150,17 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
     clock = FakeClock()
     violations: list[str] = []
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Limiter:
-        kw: dict[str, Any] = {"seed": name} if lp.algorithm == "sluice" else {}
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Limiter:
+        kw: dict[str, Any] = {"seed": context.backend} if lp.algorithm == "sluice" else {}
         return CheckedLimiter(make_limiter(lp, initial_limit=initial, **kw), violations)
 
-    c = Controller(make_policy(algorithm), clock, BACKENDS, rate_tau_s=1.0, limiter_factory=factory)
+    c = Controller(
+        make_policy(algorithm).core_settings(),
+        clock,
+        BACKENDS,
+        rate_tau_s=1.0,
+        limiter_factory=factory,
+    )
     queued: set[str] = set()  # waiting in a class queue
     inflight: dict[str, str] = {}  # id -> backend, reported by dispatch()
     # dispatched by arrive() (the queues were empty), to be reported by the next dispatch()
@@ -176,7 +183,7 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
             adm = c.arrive(
                 RequestInfo(rid, tenant, prio, "m", prompt, 200, client_deadline=deadline)
             )
-            if adm.queued:
+            if adm.admitted:
                 if c.state_of(rid) is RequestState.INFLIGHT:
                     # only a request that found every queue empty skips them
                     assert not queued

@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_core_controller_invariants import make_policy as invariants_policy
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller, Step
-from sluice.core.limiters import Limiter, LimiterBase, make_limiter
+from sluice.core.limiters import Limiter, LimiterBase, LimiterContext, make_limiter
 from sluice.core.quota import InProcessQuotas
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Assignment, BackendMetrics, Outcome, RequestInfo, Sample
 
 BACKENDS = ["b0", "b1"]
@@ -32,12 +33,12 @@ def make_policy(algorithm: str = "fixed", limit: int = 2, reserved: float = 0.2)
 
 
 def controller(policy: Policy, clock: FakeClock, on_arrival: bool, **kw: Any) -> Controller:
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Limiter:
-        extra: dict[str, Any] = {"seed": name} if lp.algorithm == "sluice" else {}
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Limiter:
+        extra: dict[str, Any] = {"seed": context.backend} if lp.algorithm == "sluice" else {}
         return make_limiter(lp, initial_limit=initial, **extra)
 
     return Controller(
-        policy,
+        policy.core_settings(),
         clock,
         BACKENDS,
         rate_tau_s=1.0,
@@ -152,7 +153,7 @@ def test_a_driver_that_steps_after_every_event_sees_no_difference(
 def test_placed_on_arrival_and_reported_by_the_next_step() -> None:
     clock = FakeClock(5.0)
     c = controller(make_policy(limit=1, reserved=0.0), clock, on_arrival=True)
-    assert c.arrive(RequestInfo("a", "A", 1, "m", 100, 100)).queued
+    assert c.arrive(RequestInfo("a", "A", 1, "m", 100, 100)).admitted
     # in flight at once, on the backend the next pass names
     assert c.state_of("a") is RequestState.INFLIGHT and c.backend_of("a") == "b0"
     assert c.snapshot()["classes"]["P1"]["queued"] == 0
@@ -182,7 +183,7 @@ def test_not_placed_on_arrival_while_anything_is_queued_or_no_backend_has_room()
 def test_cancelled_before_its_report_gives_back_its_slot_and_quota() -> None:
     clock = FakeClock()
     policy = make_policy(limit=1, reserved=0.0)
-    quotas = InProcessQuotas(policy.tenants)
+    quotas = InProcessQuotas(policy.core_settings().tenants)
     c = controller(policy, clock, on_arrival=True, quotas=quotas)
     before = quotas.levels("C", 0.0)
     c.arrive(RequestInfo("a", "C", 0, "m", 100, 100))
@@ -210,7 +211,7 @@ class CutOnOverdue(LimiterBase):
         return self._limit
 
     def on_sample(self, sample: Sample, now: float) -> None:
-        if "pending" in sample.extra:
+        if sample.pending:
             self._limit = 1
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
@@ -224,7 +225,9 @@ def run_both(script: list[tuple], limit: int = 1, **kw: Any) -> list[str]:
     clock = FakeClock()
     policy = make_policy(limit=limit, reserved=0.0)
     pair = [
-        Controller(policy, clock, ["b0"], rate_tau_s=1.0, dispatch_on_arrival=flag, **kw)
+        Controller(
+            policy.core_settings(), clock, ["b0"], rate_tau_s=1.0, dispatch_on_arrival=flag, **kw
+        )
         for flag in (True, False)
     ]
     started: list[str] = []
@@ -275,7 +278,7 @@ def test_a_round_robin_turn_left_over_by_a_cancel_is_not_skipped() -> None:
 
 
 def test_due_alarms_fire_before_an_arrival_is_placed() -> None:
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Limiter:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Limiter:
         return CutOnOverdue()
 
     started = run_both(
@@ -355,7 +358,7 @@ def test_taking_placements_on_arrival_and_skipping_quiet_steps_changes_nothing(
             info = arrival(step, ids, clock.now())
             a = taker.arrive(info, take=True)
             b = stepper.arrive(info)
-            assert (a.queued, a.code, a.retry_after_s) == (b.queued, b.code, b.retry_after_s)
+            assert (a.admitted, a.code, a.retry_after_s) == (b.admitted, b.code, b.retry_after_s)
             if a.assignment is not None:
                 taken = [a.assignment]
                 arm(taker.next_alarm_at())
@@ -385,9 +388,9 @@ def test_a_placement_taken_on_arrival_is_not_reported_again() -> None:
     clock = FakeClock(5.0)
     c = controller(make_policy(limit=1, reserved=0.0), clock, on_arrival=True)
     a = c.arrive(RequestInfo("a", "A", 1, "m", 100, 100), take=True)
-    assert a.queued and a.assignment == Assignment("a", "b0", 0.0)
+    assert a.admitted and a.assignment == Assignment("a", "b0", 0.0)
     assert c.quiet() and c.step() == Step([], [], None)
     b = c.arrive(RequestInfo("b", "A", 1, "m", 100, 100), take=True)
     assert b.assignment == Assignment("b", "b1", 0.0)
     q = c.arrive(RequestInfo("q", "A", 1, "m", 100, 100), take=True)  # no room: queued
-    assert q.queued and q.assignment is None and not c.quiet()
+    assert q.admitted and q.assignment is None and not c.quiet()

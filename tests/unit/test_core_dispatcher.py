@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.dispatcher import low_cap
-from sluice.core.limiters import LimiterBase
+from sluice.core.limiters import LimiterBase, LimiterContext
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Outcome, RequestInfo
 
 
@@ -52,7 +53,7 @@ def test_low_cap_rounds_down_but_leaves_one_slot() -> None:
 
 def test_reserved_slots_keep_room_for_p0() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"])
+    c = Controller(policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"])
     for i in range(10):
         c.arrive(req(f"p1-{i}", 1))
     assert len(c.dispatch()) == 8  # P1 may use 10 * (1 - 0.2) slots
@@ -81,7 +82,7 @@ def test_reserved_slots_keep_room_for_p0() -> None:
 
 def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=5, reserved=0.2, aging=10.0), clock, ["b0"])
+    c = Controller(policy(limit=5, reserved=0.2, aging=10.0).core_settings(), clock, ["b0"])
     for i in range(5):
         c.arrive(req(f"busy{i}", 0))
     assert len(c.dispatch()) == 5
@@ -105,7 +106,7 @@ def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
 
 def test_aging_does_nothing_when_p0_is_idle() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=5, reserved=0.2, aging=1.0), clock, ["b0"])
+    c = Controller(policy(limit=5, reserved=0.2, aging=1.0).core_settings(), clock, ["b0"])
     for i in range(6):
         c.arrive(req(f"p1-{i}", 1))
     assert len(c.dispatch()) == 4
@@ -115,7 +116,7 @@ def test_aging_does_nothing_when_p0_is_idle() -> None:
 
 def _run_fair(weights: dict[str, float], sends: dict[str, int], ticks: int = 200) -> dict[str, int]:
     clock = FakeClock()
-    c = Controller(policy(limit=4, reserved=0.0), clock, ["b0"])
+    c = Controller(policy(limit=4, reserved=0.0).core_settings(), clock, ["b0"])
     served = dict.fromkeys(weights, 0)
     inflight: list[str] = []
     n = 0
@@ -152,7 +153,7 @@ def test_weighted_tenants_share_in_proportion_under_a_flood() -> None:
 
 def test_backend_choice_least_outstanding_then_tokens_then_name() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=10), clock, ["b2", "b1", "b0"])
+    c = Controller(policy(limit=10).core_settings(), clock, ["b2", "b1", "b0"])
     c.arrive(req("big", 0, prompt=1000))
     c.arrive(req("small", 0, prompt=10))
     c.arrive(req("mid", 0, prompt=100))
@@ -166,7 +167,7 @@ def test_backend_choice_least_outstanding_then_tokens_then_name() -> None:
 
 def test_backend_choice_respects_models_and_health() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=10), clock, ["b0", "b1"])
+    c = Controller(policy(limit=10).core_settings(), clock, ["b0", "b1"])
     c.set_backend_models("b0", ["llama"])
     c.set_backend_models("b1", ["qwen"])
     c.arrive(req("q", 0, model="qwen"))
@@ -174,16 +175,16 @@ def test_backend_choice_respects_models_and_health() -> None:
     assert {a.request_id: a.backend for a in c.dispatch()} == {"q": "b1", "l": "b0"}
     c.set_backend_health("b1", False)
     adm = c.arrive(req("q2", 0, model="qwen"))
-    assert not adm.queued and adm.code == "no_backend"
+    assert not adm.admitted and adm.code == "no_backend"
     assert adm.retry_after_s == 2.0
     c.set_backend_health("b1", True)
-    assert c.arrive(req("q3", 0, model="qwen")).queued
+    assert c.arrive(req("q3", 0, model="qwen")).admitted
     assert c.dispatch()[0].backend == "b1"
 
 
 def test_a_blocked_model_does_not_hold_back_other_models() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0", "b1"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.set_backend_models("b0", ["llama"])
     c.set_backend_models("b1", ["qwen"])
     c.arrive(req("l0", 0, model="llama"))
@@ -210,10 +211,12 @@ class BudgetLimiter(LimiterBase):
 def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:
     clock = FakeClock()
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> BudgetLimiter:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> BudgetLimiter:
         return BudgetLimiter(10, 1000.0)
 
-    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
+    c = Controller(
+        policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"], limiter_factory=factory
+    )
     c.arrive(req("a", 0, prompt=550))  # footprint 550 + 50 = 600
     c.arrive(req("b", 0, prompt=550))
     assert ids(c.dispatch()) == ["a"]  # 600 + 600 > 1000
@@ -245,10 +248,14 @@ class PrefillLimiter(LimiterBase):
 def test_the_prefill_bound_holds_prompts_until_first_tokens_come_back() -> None:
     clock = FakeClock()
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> PrefillLimiter:
+    def factory(
+        context: LimiterContext, lp: LimiterSettings, initial: int | None
+    ) -> PrefillLimiter:
         return PrefillLimiter(10, 1000.0)
 
-    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
+    c = Controller(
+        policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"], limiter_factory=factory
+    )
     for i in range(4):
         c.arrive(req(f"p1-{i}", 1, prompt=300))
     # 1000 prompt tokens may await their first token: three prompts of 300, not four
@@ -271,10 +278,14 @@ def test_a_non_streamed_prompt_does_not_hold_the_prefill_bound() -> None:
     # bound for the whole answer
     clock = FakeClock()
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> PrefillLimiter:
+    def factory(
+        context: LimiterContext, lp: LimiterSettings, initial: int | None
+    ) -> PrefillLimiter:
         return PrefillLimiter(10, 1000.0)
 
-    c = Controller(policy(limit=10, reserved=0.2), clock, ["b0"], limiter_factory=factory)
+    c = Controller(
+        policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"], limiter_factory=factory
+    )
     c.arrive(RequestInfo("whole", "t", 1, "m", 700, 100, first_token_visible=False))
     c.arrive(req("next", 1, prompt=700))
     assert ids(c.dispatch()) == ["whole", "next"]
@@ -282,7 +293,7 @@ def test_a_non_streamed_prompt_does_not_hold_the_prefill_bound() -> None:
 
 def test_a_queued_disconnect_leaves_at_once() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("busy", 1, tenant="A"))
     c.dispatch()
     c.arrive(req("gone", 1, tenant="A"))
@@ -305,7 +316,7 @@ def test_a_queued_disconnect_leaves_at_once() -> None:
 
 def test_cancel_in_flight_frees_the_slot() -> None:
     clock = FakeClock()
-    c = Controller(policy(limit=1), clock, ["b0"])
+    c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("a", 0))
     c.arrive(req("b", 0))
     assert ids(c.dispatch()) == ["a"]
@@ -318,7 +329,7 @@ def test_another_models_request_goes_when_the_heads_model_is_full() -> None:
     """One class, two models on their own backends: while the chat backend is full, the
     embedding behind the queued chat requests takes the embedding backend's free slot
     (a model's backlog does not hold up another model's capacity)."""
-    c = Controller(policy(1, reserved=0.0), FakeClock(), ["chat-b", "embed-b"])
+    c = Controller(policy(1, reserved=0.0).core_settings(), FakeClock(), ["chat-b", "embed-b"])
     c.set_backend_models("chat-b", ["chat"])
     c.set_backend_models("embed-b", ["embed"])
     for rid, model in (("chat0", "chat"), ("chat1", "chat"), ("embed2", "embed")):

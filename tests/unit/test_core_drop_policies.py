@@ -40,7 +40,9 @@ def req(rid: str, prio: int = 0, deadline: float | None = None) -> RequestInfo:
 
 def setup(pol: Policy, **kw: Any) -> tuple[Controller, FakeClock]:
     clock = FakeClock()
-    return Controller(pol, clock, ["b0"], rate_tau_s=1.0, ttft_alpha=1.0, **kw), clock
+    return Controller(
+        pol.core_settings(), clock, ["b0"], rate_tau_s=1.0, ttft_alpha=1.0, **kw
+    ), clock
 
 
 # -- tail ------------------------------------------------------------------------------
@@ -48,12 +50,12 @@ def setup(pol: Policy, **kw: Any) -> tuple[Controller, FakeClock]:
 
 def test_tail_full_queue_rejects_the_newcomer() -> None:
     c, _clock = setup(policy(limit=1))
-    assert c.arrive(req("r0")).queued
+    assert c.arrive(req("r0")).admitted
     assert [a.request_id for a in c.dispatch()] == ["r0"]  # in flight
-    assert c.arrive(req("r1")).queued
-    assert c.arrive(req("r2")).queued
+    assert c.arrive(req("r1")).admitted
+    assert c.arrive(req("r2")).admitted
     adm = c.arrive(req("r3"))  # maxQueueSize 2
-    assert not adm.queued and adm.code is RejectCode.QUEUE_FULL
+    assert not adm.admitted and adm.code is RejectCode.QUEUE_FULL
     # four arrived for one served: demand above service, come back much later
     assert adm.retry_after_s == 60.0
     assert c.state_of("r3") is RequestState.GONE
@@ -103,15 +105,15 @@ def test_early_drop_refuses_a_newcomer_whose_predicted_wait_exceeds_its_patience
     c.arrive(req("p0", prio=1))
     assert len(c.dispatch()) == 1
     for i in range(3):
-        assert c.arrive(req(f"q{i}", prio=1)).queued
+        assert c.arrive(req(f"q{i}", prio=1)).admitted
     # pressure = 0.5 * 1 (limit used) + 0.5 * min(1, 3 queued / limit 1) = 1.0
     assert c.pressure() == 1.0
     # cold: one dispatch seen, less than tau (1 s) ago: no prediction, no shedding
-    assert c.arrive(req("cold", prio=1, deadline=0.5)).queued
+    assert c.arrive(req("cold", prio=1, deadline=0.5)).admitted
     clock.set(1.0)
     # P1 rate: one dispatch 1 s ago with tau 1 s = 1/e per s; 4 ahead: 4e = 10.9 s,
     # within the 15 s timeout...
-    assert c.arrive(req("fits", prio=1)).queued
+    assert c.arrive(req("fits", prio=1)).admitted
     # ...but not within a client deadline 10 s away
     adm = c.arrive(req("late", prio=1, deadline=11.0))
     assert adm.code is RejectCode.SHED_ON_PRESSURE
@@ -124,7 +126,7 @@ def test_early_drop_does_not_shed_below_the_pressure_threshold() -> None:
     c.dispatch()
     # pressure 0.5 * 1/4 = 0.125 < shedAbove 0.5: queued even with a short deadline
     assert c.pressure() == 0.125
-    assert c.arrive(req("late", prio=1, deadline=0.5)).queued
+    assert c.arrive(req("late", prio=1, deadline=0.5)).admitted
 
 
 def test_early_drop_drops_at_the_head_when_the_client_will_not_wait() -> None:
@@ -191,18 +193,18 @@ def test_fast_reject_refuses_above_the_threshold_and_queues_below() -> None:
     c.arrive(req("c", prio=0))
     # 0.5 * 1 + 0.5 * (1 queued / limit 2) = 0.75 < 0.8: P2 queues
     assert c.pressure() == 0.75
-    assert c.arrive(req("batch1", prio=2)).queued
+    assert c.arrive(req("batch1", prio=2)).admitted
     assert c.pressure() == 1.0  # 2 queued / 2
     adm = c.arrive(req("batch2", prio=2))
     assert adm.code is RejectCode.FAST_REJECT
     assert adm.retry_after_s == 60.0  # 5 arrived for 2 served
     # P0 (tail) still queues at the same pressure
-    assert c.arrive(req("d", prio=0)).queued
+    assert c.arrive(req("d", prio=0)).admitted
 
 
 def test_max_queue_size_zero_admits_only_what_can_go_at_once() -> None:
     c, _clock = setup(policy(limit=1, q0={"maxQueueSize": 0}))
-    assert c.arrive(req("a")).queued  # a free slot: admitted and dispatched
+    assert c.arrive(req("a")).admitted  # a free slot: admitted and dispatched
     assert [x.request_id for x in c.dispatch()] == ["a"]
     assert c.arrive(req("b")).code is RejectCode.QUEUE_FULL
 
@@ -212,9 +214,9 @@ def test_a_class_never_sheds_below_the_pressure_that_fast_rejects_a_lower_class(
     from sluice.core.controller import class_thresholds
 
     seed = parse_policy("pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}")
-    # P2 is fast-reject in the seed's queues: P1 (early-drop) sheds only from 0.8 on.
-    assert [t.shed_above for t in class_thresholds(seed)] == [0.8, 0.8, 0.5]
-    assert [t.fast_reject_above for t in class_thresholds(seed)] == [0.8, 0.8, 0.8]
+    # P2 is fast-reject in the default queues: P1 (early-drop) sheds only from 0.8 on.
+    assert [t.shed_above for t in class_thresholds(seed.core_settings())] == [0.8, 0.8, 0.5]
+    assert [t.fast_reject_above for t in class_thresholds(seed.core_settings())] == [0.8, 0.8, 0.8]
     no_fast = parse_policy("""
 queues:
   - {priority: 0, name: a, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
@@ -222,4 +224,4 @@ queues:
   - {priority: 2, name: c, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
 pressure: {fastRejectAbove: 0.8, shedAbove: 0.5}
 """)
-    assert [t.shed_above for t in class_thresholds(no_fast)] == [0.5, 0.5, 0.5]
+    assert [t.shed_above for t in class_thresholds(no_fast.core_settings())] == [0.5, 0.5, 0.5]

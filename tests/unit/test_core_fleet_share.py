@@ -128,7 +128,7 @@ def _controller() -> Controller:
             "dispatcher": {"reserved": {"p0": 0.0}},
         }
     )
-    return Controller(policy, FakeClock(), ["b0"])
+    return Controller(policy.core_settings(), FakeClock(), ["b0"])
 
 
 def _send(c: Controller, rid: str) -> None:

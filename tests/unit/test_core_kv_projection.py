@@ -46,7 +46,7 @@ def _controller() -> tuple[Controller, FakeClock]:
         }
     )
     clock = FakeClock()
-    c = Controller(policy, clock, ["b0"])
+    c = Controller(policy.core_settings(), clock, ["b0"])
     c.on_metrics("b0", BackendMetrics(at=0.0, **KV))  # type: ignore[arg-type]
     # a first request teaches the backend's TPOT: 20 tokens in 1.9 s after the first,
     # 0.1 s each; its output teaches the tenant's (20): footprints are 80 + 20

@@ -5,11 +5,12 @@ at most `dispatcher.holdForLarge` (2 s), then waits without holding anyone back.
 
 from __future__ import annotations
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.limiters import LimiterBase
+from sluice.core.limiters import LimiterBase, LimiterContext
 from sluice.core.request_record import RequestState
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo
 
 BUDGET = 1000.0  # KV tokens the backend's limiter allows in flight
@@ -41,11 +42,11 @@ def controller(scraped: bool = True) -> tuple[Controller, FakeClock]:
         }
     )  # fmt: skip
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> Budgeted:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> Budgeted:
         return Budgeted()
 
     clock = FakeClock()
-    c = Controller(policy, clock, ["b0"], limiter_factory=factory)
+    c = Controller(policy.core_settings(), clock, ["b0"], limiter_factory=factory)
     if scraped:
         c.on_metrics("b0", BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16))
     return c, clock
@@ -58,23 +59,23 @@ def req(rid: str, prio: int, tenant: str, prompt: int, max_tokens: int = 100) ->
 def test_a_prompt_larger_than_every_kv_cache_is_refused_at_arrival() -> None:
     c, _ = controller()
     adm = c.arrive(req("huge", 1, "a", prompt=CAPACITY + 1))
-    assert (adm.queued, adm.code, adm.retry_after_s) == (False, RejectCode.TOO_LARGE, 0.0)
+    assert (adm.admitted, adm.code, adm.retry_after_s) == (False, RejectCode.TOO_LARGE, 0.0)
     assert c.snapshot()["classes"]["P1"]["rejected"] == {"context_length_exceeded": 1}
     # one that fits the cache (if not the budget) is queued as usual
-    assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).queued
+    assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).admitted
 
 
 def test_an_unknown_kv_cache_refuses_nothing() -> None:
     c, _ = controller(scraped=False)
-    assert c.arrive(req("huge", 1, "a", prompt=10 * CAPACITY)).queued
+    assert c.arrive(req("huge", 1, "a", prompt=10 * CAPACITY)).admitted
 
 
 def test_a_request_that_needs_an_empty_backend_holds_the_others_back_two_seconds() -> None:
     c, clock = controller()
-    assert c.arrive(req("busy", 2, "etl", prompt=100)).queued  # a long answer in flight
+    assert c.arrive(req("busy", 2, "etl", prompt=100)).admitted  # a long answer in flight
     assert [a.request_id for a in c.step().assignments] == ["busy"]
     # P1 tenant a: 1,200 + 50 expected output > the 1,000 budget: only an empty backend
-    assert c.arrive(req("big", 1, "a", prompt=1200)).queued
+    assert c.arrive(req("big", 1, "a", prompt=1200)).admitted
     assert c.step().assignments == []  # it waits, holding the backend for itself
     clock.set(0.1)
     c.arrive(req("small", 1, "b", prompt=50))  # another P1 tenant

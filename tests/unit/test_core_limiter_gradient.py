@@ -64,12 +64,16 @@ def test_gradient_reads_samples() -> None:
 
 def test_fixed_and_factory() -> None:
     assert FixedLimiter(7).limit == 7
-    lim = make_limiter(LimiterPolicy(algorithm="fixed", fixed_limit=5))
+    lim = make_limiter(LimiterPolicy(algorithm="fixed", fixed_limit=5).core_settings())
     lim.on_sample(Sample(e2e_s=100.0, dropped=True), 0.0)
     assert lim.limit == 5
     assert lim.kv_budget_tokens is None
-    g = make_limiter(LimiterPolicy(algorithm="gradient", initial_limit=9, max_limit=20))
+    g = make_limiter(
+        LimiterPolicy(algorithm="gradient", initial_limit=9, max_limit=20).core_settings()
+    )
     assert isinstance(g, GradientLimiter) and g.limit == 9
     # a hot reload passes the current limit, clamped to the new bounds
-    g2 = make_limiter(LimiterPolicy(algorithm="gradient", max_limit=20), initial_limit=50)
+    g2 = make_limiter(
+        LimiterPolicy(algorithm="gradient", max_limit=20).core_settings(), initial_limit=50
+    )
     assert g2.limit == 20

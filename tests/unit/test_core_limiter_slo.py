@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.config import Objective, Policy
+from sluice import config
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.limiters import SloLimiter
+from sluice.core.settings import Objective
 from sluice.core.types import RequestInfo, Sample
 
 OBJECTIVES = {
@@ -152,7 +154,7 @@ def test_the_controller_tells_the_limiter_which_classes_it_serves() -> None:
             "limiter": {"algorithm": "slo"},
         }
     )
-    ctrl = Controller(policy, clock, ["b0"])
+    ctrl = Controller(policy.core_settings(), clock, ["b0"])
     lim = ctrl._dispatcher.backends["b0"].limiter
     assert isinstance(lim, SloLimiter)
     ctrl.arrive(RequestInfo("r2", "p2", 2, "m", 100, 50))
@@ -167,14 +169,14 @@ def test_the_controller_tells_the_limiter_which_classes_it_serves() -> None:
     tighter = policy.model_copy(
         update={
             "queues": tuple(
-                q.model_copy(update={"slo": Objective(ttft=1.0, tpot=0.05)})
+                q.model_copy(update={"slo": config.Objective(ttft=1.0, tpot=0.05)})
                 if q.priority == 0
                 else q
                 for q in policy.queues
             )
         }
     )
-    ctrl.apply_policy(tighter)
+    ctrl.apply_policy(tighter.core_settings())
     assert ctrl._dispatcher.backends["b0"].limiter is lim
     assert lim.tpot_target(clock.now()) == pytest.approx(0.045)
 

@@ -26,8 +26,8 @@ def ttft(
     sent_at: float | None = None,
     ahead: float = 0.0,
 ) -> None:
-    extra = {"prefill_ahead": ahead} if ahead else {}
-    lim.on_sample(Sample(ttft_s=seconds, prompt_tokens=PROMPT, sent_at=sent_at, extra=extra), now)
+    sample = Sample(ttft_s=seconds, prompt_tokens=PROMPT, sent_at=sent_at, prefill_ahead=ahead)
+    lim.on_sample(sample, now)
 
 
 # -- hard signals from a scrape ----------------------------------------------------------
@@ -224,7 +224,7 @@ def test_pending_ttft_alarm() -> None:
     lim.on_dispatch(20, 100, 0.0)
     ttft(lim, 0.05, 0.0)
     assert lim.ttft_alarm_after(PROMPT) == pytest.approx(4 * 0.05)
-    lim.on_sample(Sample(ttft_s=0.2, sent_at=0.1, extra={"pending": 1.0}), 0.3)
+    lim.on_sample(Sample(ttft_s=0.2, sent_at=0.1, pending=True), 0.3)
     assert lim.limit == 16
     assert lim.last_cut_reason == "ttft-pending"
 

@@ -87,10 +87,6 @@ def test_samples_use_the_whole_request_time() -> None:
     lim2 = VegasSeedLimiter(1, 10)
     lim2.on_sample(Sample(ttft_s=0.1, tpot_s=0.02, completion_tokens=6), 0.0)
     assert lim2.sample_rtt_ns == 200 * MS
-    # an explicit rtt in extra
-    lim3 = VegasSeedLimiter(1, 10)
-    lim3.on_sample(Sample(extra={"rtt": 0.3}), 0.0)
-    assert lim3.sample_rtt_ns == 300 * MS
 
 
 def test_dropped_samples_are_ignored() -> None:
@@ -101,6 +97,8 @@ def test_dropped_samples_are_ignored() -> None:
 
 
 def test_factory_builds_it_starting_at_min() -> None:
-    lim = make_limiter(LimiterPolicy(algorithm="vegas-seed", min_limit=3, initial_limit=8))
+    lim = make_limiter(
+        LimiterPolicy(algorithm="vegas-seed", min_limit=3, initial_limit=8).core_settings()
+    )
     assert isinstance(lim, VegasSeedLimiter)
     assert lim.limit == 3

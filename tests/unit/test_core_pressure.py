@@ -46,7 +46,7 @@ def test_backend_congestion() -> None:
 def test_controller_pressure_from_its_state() -> None:
     pol = Policy.model_validate({"limiter": {"algorithm": "fixed", "fixedLimit": 2}})
     clock = FakeClock()
-    c = Controller(pol, clock, ["b0", "b1"])
+    c = Controller(pol.core_settings(), clock, ["b0", "b1"])
     for i in range(4):
         c.arrive(RequestInfo(f"r{i}", "t", 0, "m", 10, 10))
     assert c.pressure() == 0.5 * 0 + 0.5 * 1.0  # 4 queued / limit 4, nothing in flight

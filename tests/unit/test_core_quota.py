@@ -8,11 +8,12 @@ from sluice.config import Policy, Tenant
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.quota import InProcessQuotas, QuotaShare, local_fraction, refilled, settlement
+from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome, RejectCode, RequestInfo
 
 
 def test_requests_per_minute() -> None:
-    q = InProcessQuotas([Tenant(name="t", requests_per_minute=2)])
+    q = InProcessQuotas([TenantLimits(name="t", requests_per_minute=2)])
     assert q.acquire("t", 10, 0.0).ok
     assert q.acquire("t", 10, 0.0).ok
     d = q.acquire("t", 10, 0.0)
@@ -24,7 +25,7 @@ def test_requests_per_minute() -> None:
 
 
 def test_tokens_per_minute_and_settlement() -> None:
-    q = InProcessQuotas([Tenant(name="t", tokens_per_minute=600)])  # 10 per second
+    q = InProcessQuotas([TenantLimits(name="t", tokens_per_minute=600)])  # 10 per second
     assert q.acquire("t", 500, 0.0).ok
     d = q.acquire("t", 200, 0.0)
     assert not d.ok and d.retry_after_s == 10.0  # 100 missing at 10/s
@@ -39,7 +40,7 @@ def test_tokens_per_minute_and_settlement() -> None:
 
 def test_max_concurrency_and_refund() -> None:
     q = InProcessQuotas(
-        [Tenant(name="t", max_concurrency=1, requests_per_minute=60)], concurrency_retry_s=1.5
+        [TenantLimits(name="t", max_concurrency=1, requests_per_minute=60)], concurrency_retry_s=1.5
     )
     assert q.acquire("t", 1, 0.0).ok
     d = q.acquire("t", 1, 0.0)
@@ -59,14 +60,14 @@ def test_controller_rejects_with_tenant_quota() -> None:
         }
     )
     clock = FakeClock()
-    c = Controller(pol, clock, ["b0"])
-    assert c.arrive(RequestInfo("a", "t", 0, "m", 10, 10)).queued
+    c = Controller(pol.core_settings(), clock, ["b0"])
+    assert c.arrive(RequestInfo("a", "t", 0, "m", 10, 10)).admitted
     adm = c.arrive(RequestInfo("b", "t", 0, "m", 10, 10))
     assert adm.code is RejectCode.TENANT_QUOTA and adm.retry_after_s == 60.0
     c.dispatch()
     c.on_finish("a", Outcome.OK, 10, 5)
     clock.set(60.0)
-    assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).queued
+    assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).admitted
     assert c.snapshot()["classes"]["P0"]["rejected"] == {"tenant_quota": 1}
 
 
@@ -78,9 +79,9 @@ def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time(
         }
     )
     clock = FakeClock(100.0)
-    c = Controller(pol, clock, ["b0"])
+    c = Controller(pol.core_settings(), clock, ["b0"])
     for rid in ("a", "b"):
-        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, 10)).queued
+        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, 10)).admitted
     # the next request refills in 30 s (2 per minute)
     in_time = c.arrive(RequestInfo("c", "t", 1, "m", 10, 10, client_deadline=131.0))
     assert in_time.code is RejectCode.TENANT_QUOTA and in_time.retry_after_s == 30.0
@@ -93,10 +94,10 @@ def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time(
 
 
 def test_hot_reload_changes_quotas() -> None:
-    q = InProcessQuotas([Tenant(name="t", requests_per_minute=1)])
+    q = InProcessQuotas([TenantLimits(name="t", requests_per_minute=1)])
     assert q.acquire("t", 1, 0.0).ok
     assert not q.acquire("t", 1, 0.0).ok
-    q.set_limits([Tenant(name="t")], 0.0)  # quota removed
+    q.set_limits([TenantLimits(name="t")], 0.0)  # quota removed
     assert q.acquire("t", 1, 0.0).ok
 
 
@@ -105,7 +106,7 @@ def test_hot_reload_changes_quotas() -> None:
 
 def test_a_share_scales_every_limit_and_starts_from_its_part_of_what_was_left() -> None:
     q = InProcessQuotas(
-        [Tenant(name="t", requests_per_minute=10, tokens_per_minute=1200, max_concurrency=5)]
+        [TenantLimits(name="t", requests_per_minute=10, tokens_per_minute=1200, max_concurrency=5)]
     )
     # a quarter of the quota; the tenant had 4 requests and 600 tokens left of its minute;
     # one request admitted before is still running here
@@ -122,12 +123,12 @@ def test_a_share_scales_every_limit_and_starts_from_its_part_of_what_was_left() 
     assert q.levels("t", 10.0) == (pytest.approx(10 * 2.5 / 60), 50.0)
     assert q.levels("t", 600.0) == (2.5, 300.0)  # a long loss: one share, never more
     # new limits (a reload) keep the share
-    q.set_limits([Tenant(name="t", tokens_per_minute=2400)], 600.0)
+    q.set_limits([TenantLimits(name="t", tokens_per_minute=2400)], 600.0)
     assert q.levels("t", 1200.0) == (None, 600.0)
 
 
 def test_a_share_without_known_levels_starts_full() -> None:
-    q = InProcessQuotas([Tenant(name="t", tokens_per_minute=1000, max_concurrency=1)])
+    q = InProcessQuotas([TenantLimits(name="t", tokens_per_minute=1000, max_concurrency=1)])
     q.set_share("t", QuotaShare(0.1), 5.0)
     assert q.levels("t", 5.0) == (None, 100.0)
     assert q.acquire("t", 1, 5.0).ok
@@ -158,16 +159,16 @@ def test_a_request_is_charged_at_most_a_full_bucket_and_nothing_if_the_backend_r
     tenant = Tenant(name="t", tokens_per_minute=100_000)
     policy = Policy(tenants=(tenant,))
     clock = FakeClock()
-    c = Controller(policy, clock, ["b0"])
+    c = Controller(policy.core_settings(), clock, ["b0"])
     for i, max_tokens in enumerate((10_000_000, 2**63 - 1)):
         rid = f"huge-{i}"
-        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, max_tokens)).queued
+        assert c.arrive(RequestInfo(rid, "t", 1, "m", 10, max_tokens)).admitted
         c.step()
         c.on_finish(rid, Outcome.CLIENT_ERROR)  # refused by the backend: no usage
-        assert c.arrive(RequestInfo(f"next-{i}", "t", 1, "m", 10, 100)).queued
+        assert c.arrive(RequestInfo(f"next-{i}", "t", 1, "m", 10, 100)).admitted
         c.step()
         c.on_finish(f"next-{i}", Outcome.OK, 10, 50)
-    q = InProcessQuotas([tenant])
+    q = InProcessQuotas([tenant.core_settings()])
     assert q.charge_for("t", 2**63 - 1) == 100_000
     assert q.acquire("t", q.charge_for("t", 2**63 - 1), 0.0).ok
     q.settle("t", 10**18, 0.0)  # whatever a backend reports: at most a minute in debt
@@ -199,8 +200,8 @@ def test_the_quota_is_charged_what_the_cost_model_expects_as_the_shared_store_is
     output, not prompt + max_tokens."""
     tenant = Tenant(name="t", tokens_per_minute=6_000)
     clock = FakeClock()
-    quotas = InProcessQuotas([tenant])
-    c = Controller(Policy(tenants=(tenant,)), clock, ["b0"], quotas=quotas)
+    quotas = InProcessQuotas([tenant.core_settings()])
+    c = Controller(Policy(tenants=(tenant,)).core_settings(), clock, ["b0"], quotas=quotas)
     first = RequestInfo("a", "t", 1, "m", 100, 1000)
     assert c.cost_of(first) == 100 + 500  # before any usage: half of max_tokens
     c.arrive(first)

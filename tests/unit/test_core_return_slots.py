@@ -144,8 +144,7 @@ def rec(rid: str, seq: int, tenant: str = "t") -> RequestRecord:
 
 
 def test_the_returns_lane_goes_first_in_the_order_it_came_back() -> None:
-    pol = Policy().queue(1)
-    q = ClassQueue(pol)
+    q = ClassQueue(Policy().core_settings().queue(1))
     q.push(rec("fresh-a", 1, "a"))
     q.push(rec("back-1", 2), returning=True)
     q.push(rec("fresh-b", 3, "b"))
@@ -158,7 +157,7 @@ def test_the_returns_lane_goes_first_in_the_order_it_came_back() -> None:
 
 
 def test_a_return_too_large_to_place_can_be_parked_like_any_request() -> None:
-    q = ClassQueue(Policy().queue(1))
+    q = ClassQueue(Policy().core_settings().queue(1))
     big = rec("back-big", 1)
     q.push(big, returning=True)
     q.push(rec("back-2", 2), returning=True)
@@ -213,7 +212,7 @@ def busy(pol: Policy) -> tuple[Controller, FakeClock, list[str]]:
     both slots busy and 2 P2 requests queued: pressure 1, a fresh P2 is fast-rejected.
     Returns the controller, its clock and the ids in flight."""
     clock = FakeClock()
-    c = Controller(pol, clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    c = Controller(pol.core_settings(), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
     n = 0
     inflight: list[str] = []
     for step in range(7):
@@ -221,12 +220,12 @@ def busy(pol: Policy) -> tuple[Controller, FakeClock, list[str]]:
         for rid in inflight:
             c.on_finish(rid, Outcome.OK, 100, 10)
         for _ in range(2):
-            assert c.arrive(req(f"w{n}")).queued
+            assert c.arrive(req(f"w{n}")).admitted
             n += 1
         inflight = [a.request_id for a in c.step().assignments]
         assert len(inflight) == 2
     for k in range(2):
-        assert c.arrive(req(f"q{k}")).queued
+        assert c.arrive(req(f"q{k}")).admitted
     assert c.pressure() == 1.0
     return c, clock, inflight
 
@@ -234,14 +233,14 @@ def busy(pol: Policy) -> tuple[Controller, FakeClock, list[str]]:
 def test_a_refused_client_back_in_its_slot_is_let_in_ahead_of_fresh_arrivals() -> None:
     c, clock, inflight = busy(policy())
     adm = c.arrive(req("r"))
-    assert not adm.queued and adm.code is RejectCode.FAST_REJECT
+    assert not adm.admitted and adm.code is RejectCode.FAST_REJECT
     assert adm.booking is not None and adm.retry_after_s > 0
     assert adm.retry_window_s > 0
     clock.advance(adm.retry_after_s)
     assert c.pressure() == 1.0  # nothing moved: a fresh request is still refused...
-    assert not c.arrive(req("fresh")).queued
+    assert not c.arrive(req("fresh")).admitted
     back = c.arrive(req("r.1", booking=adm.booking))  # ...the return is not
-    assert back.queued
+    assert back.admitted
     # and it goes first when a slot frees, before the two queued before it came back
     c.on_finish(inflight[0], Outcome.OK, 100, 10)
     assert [a.request_id for a in c.step().assignments] == ["r.1"]
@@ -256,7 +255,7 @@ def test_a_client_back_too_early_is_a_fresh_arrival() -> None:
     assert adm.booking is not None
     clock.advance(adm.retry_after_s / 4)
     again = c.arrive(req("r.1", booking=adm.booking))
-    assert not again.queued  # refused like anyone fresh, with a new booking
+    assert not again.admitted  # refused like anyone fresh, with a new booking
     assert again.booking is not None and again.booking != adm.booking
 
 
@@ -267,7 +266,7 @@ def test_a_retry_after_never_points_past_the_clients_deadline() -> None:
         now = clock.now()
         left = rng.uniform(0.05, 20.0)
         adm = c.arrive(req(f"d{k}", deadline=now + left))
-        if adm.queued:
+        if adm.admitted:
             continue
         if adm.code is RejectCode.CANNOT_SERVE_IN_TIME:
             assert adm.booking is None
@@ -292,12 +291,12 @@ def test_with_less_than_a_second_left_no_whole_second_retry_after_fits() -> None
 def test_the_other_rules_book_nothing() -> None:
     c, _, _ = busy(policy("fixed", fixedSeconds=7))
     adm = c.arrive(req("r"))
-    assert not adm.queued and adm.retry_after_s == 7.0 and adm.booking is None
+    assert not adm.admitted and adm.retry_after_s == 7.0 and adm.booking is None
     c, _, _ = busy(policy("drain"))
     adm = c.arrive(req("r"))
-    assert not adm.queued and adm.booking is None
+    assert not adm.admitted and adm.booking is None
     # with no booking rule, a booking id sent back is not a pass
-    assert not c.arrive(req("r.1", booking="0-1")).queued
+    assert not c.arrive(req("r.1", booking="0-1")).admitted
 
 
 def test_a_request_dropped_from_its_queue_is_given_a_slot_too() -> None:
@@ -310,7 +309,7 @@ def test_a_request_dropped_from_its_queue_is_given_a_slot_too() -> None:
 
 def test_an_idle_gateway_quotes_a_short_retry_after() -> None:
     # the issue's dashboard showed P0's Retry-After as 60 s on an idle gateway
-    c = Controller(Policy(), FakeClock(), ["b0"])
+    c = Controller(Policy().core_settings(), FakeClock(), ["b0"])
     c.set_backend_health("b0", True)
     quotes = {k: v["retry_after_s"] for k, v in c.snapshot()["classes"].items()}
     # one unit of the room its free slots give (8 slots for P0, 6 for P1/P2: 1 s each)
@@ -322,7 +321,9 @@ def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait
     clock = FakeClock()
     doc = policy().model_dump(by_alias=True)
     doc["queues"][0]["timeout"] = 0.2
-    c = Controller(Policy.model_validate(doc), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    c = Controller(
+        Policy.model_validate(doc).core_settings(), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0
+    )
     inflight: list[str] = []
     for step in range(8):  # P0 served at 4/s
         clock.set(step * 0.5)
@@ -331,13 +332,13 @@ def test_a_p0_request_dropped_from_its_queue_is_told_a_slot_not_the_longest_wait
         for k in range(2):
             c.arrive(req(f"w{step}-{k}", prio=0))
         inflight = [a.request_id for a in c.step().assignments]
-    assert c.arrive(req("late", prio=0)).queued
+    assert c.arrive(req("late", prio=0)).admitted
     clock.advance(0.25)  # it waited its class's whole timeout
     (dropped,) = c.step().rejections
     assert dropped.code is RejectCode.QUEUE_TIMEOUT
     assert dropped.booking is not None and dropped.retry_after_s < 2.0
     # and one whose own deadline passed in the queue is told so, not to come back
-    assert c.arrive(req("later", prio=0, deadline=clock.now() + 0.1)).queued
+    assert c.arrive(req("later", prio=0, deadline=clock.now() + 0.1)).admitted
     clock.advance(0.15)
     (gone,) = c.step().rejections
     assert gone.code is RejectCode.CANNOT_SERVE_IN_TIME and gone.booking is None
@@ -352,7 +353,9 @@ def test_a_return_never_takes_a_slot_reserved_for_p0() -> None:
     doc["dispatcher"]["reserved"]["p0"] = 0.25  # cap_low 3: one slot is P0's
     doc["queues"][2]["maxQueueSize"] = 1
     clock = FakeClock()
-    c = Controller(Policy.model_validate(doc), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0)
+    c = Controller(
+        Policy.model_validate(doc).core_settings(), clock, ["b0"], rate_tau_s=1.0, return_lead=0.0
+    )
     inflight: list[str] = []
     for step in range(7):  # P2 served at 6/s: the ledger has a rate
         clock.set(step * 0.5)
@@ -362,13 +365,13 @@ def test_a_return_never_takes_a_slot_reserved_for_p0() -> None:
             c.arrive(req(f"w{step}-{k}"))
         inflight = [a.request_id for a in c.step().assignments]
         assert len(inflight) == 3  # the lower classes stop at cap_low
-    assert c.arrive(req("queued")).queued
+    assert c.arrive(req("queued")).admitted
     refused = c.arrive(req("r"))
     assert refused.code is RejectCode.QUEUE_FULL and refused.booking is not None
     clock.advance(refused.retry_after_s)
-    assert c.arrive(req("r.1", booking=refused.booking)).queued  # in its slot
+    assert c.arrive(req("r.1", booking=refused.booking)).admitted  # in its slot
     assert c.step().assignments == []  # 3 in flight: the 4th slot is not the return's
-    assert c.arrive(req("p0", prio=0)).queued
+    assert c.arrive(req("p0", prio=0)).admitted
     assert [a.request_id for a in c.step().assignments] == ["p0"]  # P0 takes its reserve
     c.on_finish(inflight[0], Outcome.OK, 100, 10)
     assert c.step().assignments == []  # 3 in flight again: still nothing for P2

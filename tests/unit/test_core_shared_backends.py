@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.config import LimiterPolicy, Policy
+from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.limiters import LimiterBase
+from sluice.core.limiters import LimiterBase, LimiterContext
 from sluice.core.limiters.base import SharedRoom
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Outcome, RequestInfo
 
 COST = 300  # a request of 250 prompt tokens and at most 100 more: 250 + 50 expected
@@ -51,10 +52,10 @@ def controller(lim: SharedLimiter, reserved: float = 0.0) -> Controller:
         }
     )
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> SharedLimiter:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> SharedLimiter:
         return lim
 
-    return Controller(policy, FakeClock(), ["b0"], limiter_factory=factory)
+    return Controller(policy.core_settings(), FakeClock(), ["b0"], limiter_factory=factory)
 
 
 def send(c: Controller, rid: str, prio: int = 0) -> list[str]:
@@ -144,14 +145,14 @@ def _first_choice(seed: str, shared: bool) -> str:
     """Where a replica with this seed sends one request when 8 backends tie."""
     names = [f"b{i}" for i in range(8)]
 
-    def factory(name: str, lp: LimiterPolicy, initial: int | None) -> SharedLimiter:
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> SharedLimiter:
         lim = SharedLimiter(1000.0, draw=0.0)
         if not shared:
             lim.shared = None  # a lone gateway
         return lim
 
     policy = Policy.model_validate({"limiter": {"algorithm": "fixed", "fixedLimit": 8}})
-    c = Controller(policy, FakeClock(), names, limiter_factory=factory, seed=seed)
+    c = Controller(policy.core_settings(), FakeClock(), names, limiter_factory=factory, seed=seed)
     placed = c.arrive(RequestInfo("a", "t", 0, "m", COST - 50, 100), take=True).assignment
     assert placed is not None
     return placed.backend

@@ -27,7 +27,7 @@ DASHBOARD = REPO / "deploy" / "grafana" / "sluice-dashboard.json"
 NAMESPACE = "ai-gateway"
 CLUSTER_SCOPED = {"Namespace"}
 
-# The seed's queues, exactly as the seed's ConfigMap writes them.
+# The default queues (config.DEFAULT_QUEUES), exactly as the ConfigMap writes them.
 SEED_QUEUES = [
     {
         "priority": 0,
@@ -114,7 +114,7 @@ def exported_series() -> set[str]:
     """Every series name the gateway's /metrics can carry: its registry's families plus the
     gauges read from a real controller's snapshot."""
     telemetry = Telemetry()
-    controller = Controller(Policy(), FakeClock(), backends=["vllm-0"])
+    controller = Controller(Policy().core_settings(), FakeClock(), backends=["vllm-0"])
     telemetry.watch_state(controller.snapshot)
     names: set[str] = set()
     for family in telemetry.registry.collect():

@@ -64,7 +64,7 @@ def test_the_key_is_the_policys_shared_secret_else_the_workers_else_random(
 def test_a_refusal_with_a_booking_hands_its_token_and_window_and_one_without_nothing() -> None:
     t = tokens()
     refused = Admission(
-        queued=False,
+        admitted=False,
         code=RejectCode.FAST_REJECT,
         retry_after_s=4.25,
         booking="ab-7",

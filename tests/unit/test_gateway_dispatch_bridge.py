@@ -25,7 +25,7 @@ dispatcher: {reserved: {p0: 0.0}}
 
 def _setup() -> tuple[Controller, DispatchBridge]:
     clock = MonotonicClock()
-    controller = Controller(parse_policy(POLICY), clock, ["b0"])
+    controller = Controller(parse_policy(POLICY).core_settings(), clock, ["b0"])
     controller.set_backend_health("b0", True)
     return controller, DispatchBridge(controller, clock)
 
@@ -38,10 +38,10 @@ def _req(rid: str) -> RequestInfo:
 
 async def test_assignment_then_timeout_fires_by_itself() -> None:
     controller, bridge = _setup()
-    assert controller.arrive(_req("a")).queued
+    assert controller.arrive(_req("a")).admitted
     first = await bridge.wait("a")
     assert isinstance(first, Assignment) and first.backend == "b0"
-    assert controller.arrive(_req("b")).queued
+    assert controller.arrive(_req("b")).admitted
     # The only slot stays taken: "b" must be dropped by the timer at its 200 ms timeout.
     second = await asyncio.wait_for(bridge.wait("b"), 2.0)
     assert isinstance(second, Rejection) and second.code is RejectCode.QUEUE_TIMEOUT
@@ -92,7 +92,7 @@ class _AlarmRecorder(LimiterBase):
         return 0.05
 
     def on_sample(self, sample: Sample, now: float) -> None:
-        if sample.extra.get("pending"):
+        if sample.pending:
             self.overdue.set()
 
 
@@ -101,7 +101,9 @@ async def test_a_stream_placed_on_arrival_gets_its_first_token_alarm() -> None:
     reaches the limiter with no other event: the bridge armed its timer for the alarm."""
     limiter = _AlarmRecorder()
     clock = MonotonicClock()
-    controller = Controller(parse_policy(POLICY), clock, ["b0"], limiter_factory=lambda *_: limiter)
+    controller = Controller(
+        parse_policy(POLICY).core_settings(), clock, ["b0"], limiter_factory=lambda *_: limiter
+    )
     controller.set_backend_health("b0", True)
     bridge = DispatchBridge(controller, clock)
     admission = bridge.arrive(_req("s"))  # first_token_visible: a stream

@@ -342,7 +342,7 @@ async def test_quota_ticket_refuses_a_tenant_over_its_shared_quota() -> None:
     ctx = _parsed()
     ctx.base_id = "q1"
     gate = _Gate(ok=False)
-    controller = Controller(_policy(), MonotonicClock(), ["b0"])
+    controller = Controller(_policy().core_settings(), MonotonicClock(), ["b0"])
     response = await QuotaTicketStage(gate, controller, _refusal()).run(ctx)  # type: ignore[arg-type]
     assert response is not None and response.status == 429
     assert response.headers["Retry-After"] == "8"
@@ -355,7 +355,7 @@ async def test_quota_ticket_refuses_a_tenant_over_its_shared_quota() -> None:
 
 async def test_quota_ticket_past_the_clients_deadline_cannot_serve_it_in_time() -> None:
     clock = FakeClock(100.0)  # the contexts arrive at 100.0
-    controller = Controller(_policy(), clock, ["b0"])
+    controller = Controller(_policy().core_settings(), clock, ["b0"])
     stage = QuotaTicketStage(_Gate(ok=False), controller, _refusal(clock))  # type: ignore[arg-type]
     late = _parsed(headers={"X-Request-Timeout": "5"})  # the quota refills in 7.5 s
     response = await stage.run(late)
@@ -372,7 +372,7 @@ async def test_quota_ticket_past_the_clients_deadline_cannot_serve_it_in_time() 
 
 async def test_quota_ticket_is_kept_for_the_way_out() -> None:
     ctx = _parsed()
-    controller = Controller(_policy(), MonotonicClock(), ["b0"])
+    controller = Controller(_policy().core_settings(), MonotonicClock(), ["b0"])
     stage = QuotaTicketStage(_Gate(ok=True), controller, _refusal())  # type: ignore[arg-type]
     assert await stage.run(ctx) is None
     assert ctx.ticket is not None
@@ -388,7 +388,7 @@ async def test_quota_ticket_is_kept_for_the_way_out() -> None:
 
 def _admission(clock: MonotonicClock | None = None) -> tuple[Admission, Controller, _Pool]:
     clock = clock or MonotonicClock()
-    controller = Controller(_policy(), clock, ["b0"])
+    controller = Controller(_policy().core_settings(), clock, ["b0"])
     controller.set_backend_health("b0", True)
     pool = _Pool({"m"})
     bridge = DispatchBridge(controller, clock)

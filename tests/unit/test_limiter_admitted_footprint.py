@@ -48,7 +48,7 @@ def _controller() -> tuple[Controller, FakeClock]:
     )
     clock = FakeClock()
     c = Controller(
-        policy,
+        policy.core_settings(),
         clock,
         ["b0"],
         limiter_kwargs={"sluice": {"footprint_alpha": 1.0}},
@@ -89,7 +89,7 @@ def test_a_backend_follows_the_admissions_for_the_models_it_serves(
         c.set_backend_models("b0", models)
     c.arrive(_req("s0", 80))
     assert [a.backend for a in c.dispatch()] == ["b0"]
-    assert c.arrive(RequestInfo("other", "t", 1, "other-model", 1180, 40)).queued
+    assert c.arrive(RequestInfo("other", "t", 1, "other-model", 1180, 40)).admitted
     clock.set(1.0)
     c.on_finish("s0", Outcome.OK, 80, 20)
     # b0 serving any model may get the 1,200-token request: floor(1280 / 1200); serving

@@ -13,9 +13,9 @@ import pytest
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from sluice.config import Tenant
 from sluice.core.clock import FakeClock, MonotonicClock
 from sluice.core.quota import InProcessQuotas
+from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
 from sluice.gateway.shared_quota import (
     ACQUIRE_LUA,
@@ -36,8 +36,10 @@ from sluice.gateway.shared_quota import (
     tenant_keys,
 )
 
-CAPPED = Tenant(name="capped", tokens_per_minute=1200, requests_per_minute=60, max_concurrency=2)
-FREE = Tenant(name="free")
+CAPPED = TenantLimits(
+    name="capped", tokens_per_minute=1200, requests_per_minute=60, max_concurrency=2
+)
+FREE = TenantLimits(name="free")
 
 
 NO_SIGHT = [b"-1", b"-1", b"-1"]  # levels and part of the demand: none known
@@ -181,7 +183,7 @@ def test_timeouts_alone_never_go_local_they_call_for_a_probe() -> None:
 
 def test_failover_quotas_charge_nothing_while_shared_and_locally_while_not() -> None:
     circuit = QuotaCircuit(FakeClock())
-    local = InProcessQuotas([Tenant(name="t", requests_per_minute=2)])
+    local = InProcessQuotas([TenantLimits(name="t", requests_per_minute=2)])
     q = FailoverQuotas(local, circuit)
     for _ in range(5):
         assert q.acquire("t", 10, 0.0).ok  # shared: Redis decided, the core adds nothing
@@ -209,7 +211,7 @@ def test_without_a_sight_local_quotas_are_an_even_share_of_the_live_processes() 
     circuit = QuotaCircuit(FakeClock())
     local = InProcessQuotas()
     q = FailoverQuotas(local, circuit)
-    q.set_limits([Tenant(name="t", requests_per_minute=5, max_concurrency=3), FREE])
+    q.set_limits([TenantLimits(name="t", requests_per_minute=5, max_concurrency=3), FREE])
     q.set_processes(2, 0.0)  # two gateway processes were alive in Redis
     circuit.failure(timeout=False)
     q.take_over(0.0, {})
@@ -223,7 +225,7 @@ def test_without_a_sight_local_quotas_are_an_even_share_of_the_live_processes() 
     assert not q.acquire("t", 1, 60.0).ok  # 3 slots in use
 
 
-METERED = Tenant(name="m", tokens_per_minute=1200)  # 20 tokens/s
+METERED = TenantLimits(name="m", tokens_per_minute=1200)  # 20 tokens/s
 
 
 def _lost(part: float, tokens_level: float, *, processes: int = 2) -> FailoverQuotas:
@@ -285,7 +287,7 @@ def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None
 def test_requests_running_at_the_loss_hold_their_slots_until_they_end() -> None:
     circuit = QuotaCircuit(FakeClock())
     q = FailoverQuotas(InProcessQuotas(), circuit)
-    q.set_limits([Tenant(name="c", max_concurrency=4)])
+    q.set_limits([TenantLimits(name="c", max_concurrency=4)])
     q.set_processes(1, 0.0)
     circuit.failure(timeout=False)
     q.take_over(0.0, {"c": 3})  # three admitted through Redis, still running here
@@ -310,7 +312,7 @@ def test_failover_quotas_pass_new_limits_to_the_gate() -> None:
     redis = FakeRedis()
     gate, _, _ = make_gate(FakeClock(), redis)
     assert gate.limits("capped") is CAPPED and gate.limits("free") is None
-    new = Tenant(name="free", requests_per_minute=5)
+    new = TenantLimits(name="free", requests_per_minute=5)
     gate.controller_quotas.set_limits([new])  # what Controller.apply_policy calls
     assert gate.limits("free") is new and gate.limits("capped") is None
 

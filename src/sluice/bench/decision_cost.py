@@ -71,7 +71,7 @@ def run_once(
     policy = Policy.model_validate({"limiter": {"algorithm": "sluice", "maxLimit": 1024}})
     clock = FakeClock()
     names = [f"b{i}" for i in range(backends)]
-    ctrl = Controller(policy, clock, names)
+    ctrl = Controller(policy.core_settings(), clock, names)
     for n in names:
         ctrl.set_backend_models(n, ["m"])
         ctrl.set_backend_health(n, True)
@@ -137,7 +137,7 @@ def run_once(
             step = ctrl.step()
             ns += perf() - t0
             calls += 2
-            if not adm.queued:
+            if not adm.admitted:
                 pending.pop(rid)
             q = sum(len(c) for c in ctrl._queues)  # a benchmark peeks
             queued_sum += q

@@ -460,7 +460,7 @@ class _Run:
         if skew > 0:
             offset = random.Random(f"{self.seed}/clock/{k}").uniform(-skew, skew)
         clock = ReplicaClock(self.clock, offset)
-        ctrl = Controller(policy, clock, self.names, **kwargs)
+        ctrl = Controller(policy.core_settings(), clock, self.names, **kwargs)
         for name in self.names:
             ctrl.set_backend_models(name, [MODEL])
             ctrl.set_backend_health(name, True)
@@ -647,8 +647,9 @@ class _Run:
                 self._fleet_event(t, *payload)
             elif kind == _PHASE:
                 assert self.ctrls and self.arm.phase_policies is not None
+                settings = self.arm.phase_policies[payload].core_settings()
                 for k in self._live():
-                    self.ctrls[k].apply_policy(self.arm.phase_policies[payload])
+                    self.ctrls[k].apply_policy(settings)
                 self._pump(t)
             self.now = t
             if self.outstanding == 0 and t >= self.duration:
@@ -695,7 +696,7 @@ class _Run:
         r.gw = gw
         self.gw_stats[gw]["arrivals"] += 1
         adm = self.ctrls[gw].arrive(info)
-        if not adm.queued:
+        if not adm.admitted:
             assert adm.code is not None
             self._rejected(t, r, adm.code.value, adm.retry_after_s, adm.booking, adm.retry_window_s)
         else:

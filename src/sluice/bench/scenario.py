@@ -337,9 +337,9 @@ class ScenarioSpec(_Model):
     routes: dict[str, RouteMix] = Field(default_factory=_one_route, min_length=1)
     # After the last arrival, let requests finish for at most this long.
     drain: Duration = Field(default=60.0, ge=0)
-    # The gateway arms' queues hold this many times the seed's maxQueueSize (200 / 500 /
-    # 1,000, sized for the two backends most scenarios run): a fleet's queues should hold
-    # as many seconds of its capacity as the seed's hold of two backends'.
+    # The gateway arms' queues hold this many times the default maxQueueSize (200 / 500 /
+    # 1,000, config.DEFAULT_QUEUES, sized for the two backends most scenarios run): a
+    # fleet's queues should hold as many seconds of its capacity as those of two backends'.
     queue_scale: float = Field(default=1.0, gt=0)
     real: RealMode = RealMode()
     oracle: OracleSpec = OracleSpec()

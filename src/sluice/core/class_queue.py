@@ -29,8 +29,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 
-from sluice.config import QueuePolicy
 from sluice.core.request_record import RequestRecord
+from sluice.core.settings import QueueSettings
 
 
 class TenantQueue:
@@ -46,7 +46,7 @@ class TenantQueue:
 
 
 class ClassQueue:
-    def __init__(self, policy: QueuePolicy) -> None:
+    def __init__(self, policy: QueueSettings) -> None:
         self.policy = policy
         self.by_arrival: OrderedDict[str, RequestRecord] = OrderedDict()
         self._tenants: dict[str, TenantQueue] = {}

@@ -24,12 +24,12 @@ nothing else, the assignment comes back in the Admission and the step is not nee
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from sluice.config import CLASS_NAMES, DropPolicy, LimiterPolicy, Policy, PressurePolicy
 from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.clock import Clock
@@ -37,7 +37,7 @@ from sluice.core.dispatcher import Dispatcher
 from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
 from sluice.core.fleet_share import FleetShare
-from sluice.core.limiters import Limiter, make_limiter
+from sluice.core.limiters import Limiter, LimiterContext, make_limiter
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
@@ -48,6 +48,13 @@ from sluice.core.retry_after import (
     refusal_excess,
 )
 from sluice.core.return_slots import Offer, ReturnLedger
+from sluice.core.settings import (
+    CLASS_NAMES,
+    CoreSettings,
+    DropPolicy,
+    LimiterSettings,
+    PressureSettings,
+)
 from sluice.core.token_cost import TokenCostModel, footprint_tokens
 from sluice.core.types import (
     SIGNALS,
@@ -64,7 +71,7 @@ from sluice.core.types import (
 PRIORITIES = (0, 1, 2)
 _INFLIGHT = RequestState.INFLIGHT
 _DROP_OUTCOMES = frozenset({Outcome.ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED})
-_QUEUED = Admission.ok()  # shared: an answer is never changed
+_ADMITTED = Admission.ok()  # shared: an answer is never changed
 # A burst above is forecast to last at least this much longer (Lindy: as long again as it
 # has lasted, but a burst just seen is not over at once).
 MIN_BURST_S = 2.0
@@ -72,7 +79,7 @@ MIN_BURST_S = 2.0
 # it to another replica (the shutting-down one has left its endpoints).
 HANDOVER_RETRY_S = 0.1
 
-LimiterFactory = Callable[[str, LimiterPolicy, int | None], Limiter]
+LimiterFactory = Callable[[LimiterContext, LimiterSettings, int | None], Limiter]
 
 
 class Step(NamedTuple):
@@ -165,7 +172,7 @@ class Refusal(NamedTuple):
     window_s: float = 0.0
 
 
-def class_thresholds(policy: Policy) -> list[PressurePolicy]:
+def class_thresholds(policy: CoreSettings) -> list[PressureSettings]:
     """Per class, the pressure thresholds it is judged by. A class never sheds at a
     pressure below the one at which a lower class is fast-rejected: P2 is refused before
     P1, P1 before P0."""
@@ -175,7 +182,7 @@ def class_thresholds(policy: Policy) -> list[PressurePolicy]:
         shed = policy.pressure.shed_above
         if any(q.drop_policy is DropPolicy.FAST_REJECT for q in below):
             shed = max(shed, policy.pressure.fast_reject_above)
-        out.append(policy.pressure.model_copy(update={"shed_above": shed}))
+        out.append(dataclasses.replace(policy.pressure, shed_above=shed))
     return out
 
 
@@ -190,7 +197,7 @@ def _bump(d: dict[str, int], key: str) -> None:
 class Controller:
     def __init__(
         self,
-        policy: Policy,
+        policy: CoreSettings,
         clock: Clock,
         backends: Sequence[str] = (),
         *,
@@ -209,7 +216,7 @@ class Controller:
         return_slots: Mapping[str, Any] | None = None,
     ) -> None:
         """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
-        `limiter_factory(backend, policy.limiter, initial_limit)` replaces the built-in
+        `limiter_factory(context, policy.limiter, initial_limit)` replaces the built-in
         factory; `seed` makes each backend's probe jitter reproducible;
         `dispatch_on_arrival=False` makes `arrive` only queue (the behaviour the short cut
         reproduces: the tests compare the two)."""
@@ -220,7 +227,7 @@ class Controller:
         self._seed = seed
         self._queues = [ClassQueue(policy.queue(p)) for p in PRIORITIES]
         self._dispatcher = Dispatcher(
-            reserved_p0=policy.dispatcher.reserved.p0,
+            reserved_p0=policy.dispatcher.reserved_p0,
             aging_after_s=policy.dispatcher.aging_after,
             aging_every=aging_every,
             hold_for_large_s=policy.dispatcher.hold_for_large,
@@ -266,17 +273,22 @@ class Controller:
 
     def _new_limiter(self, name: str, initial: int | None = None) -> Limiter:
         lp = self._policy.limiter
+        context = self._limiter_context(name)
         if self._limiter_factory is not None:
-            return self._limiter_factory(name, lp, initial)
-        kwargs = dict(self._limiter_kwargs.get(lp.algorithm, {}))
-        if lp.algorithm in ("sluice", "slo"):
-            kwargs.setdefault("seed", f"{self._seed}:{name}")
-            kwargs.setdefault("usable_share", 1.0 - self._policy.dispatcher.reserved.p0)
-            kwargs.setdefault("demand_footprint", self._admitted_footprint_of(name))
-        if lp.algorithm == "slo":
-            kwargs.setdefault("objectives", self._policy.objectives())
-            kwargs.setdefault("classes_in_flight", self._classes_in_flight_of(name))
-        return make_limiter(lp, initial_limit=initial, **kwargs)
+            return self._limiter_factory(context, lp, initial)
+        kwargs = self._limiter_kwargs.get(lp.algorithm, {})
+        return make_limiter(lp, context, initial_limit=initial, **kwargs)
+
+    def _limiter_context(self, name: str) -> LimiterContext:
+        """What a backend's limiter may ask of this controller."""
+        return LimiterContext(
+            backend=name,
+            seed=f"{self._seed}:{name}",
+            usable_share=1.0 - self._policy.dispatcher.reserved_p0,
+            objectives=self._policy.objectives(),
+            demand_footprint=self._admitted_footprint_of(name),
+            classes_in_flight=self._classes_in_flight_of(name),
+        )
 
     def _admitted_footprint_of(self, name: str) -> Callable[[], float | None]:
         """For a backend's limiter: the footprint of the requests being admitted for the
@@ -464,9 +476,9 @@ class Controller:
                     return Admission(True, assignment=self._started(rec, b, now))
                 # its first-token alarm is armed when it is reported, as step() would
                 self._ready.append((rec, self._started(rec, b, now, arm=False)))
-                return _QUEUED
+                return _ADMITTED
         q.push(rec, returning=returning)
-        return _QUEUED
+        return _ADMITTED
 
     def _estimate(self, req: RequestInfo) -> tuple[float, float, int]:
         """(corrected prompt, expected output of all its sequences, KV footprint)."""
@@ -494,9 +506,9 @@ class Controller:
     ) -> Admission:
         _bump(counters.rejected, code.value)
         if refusal is None or refusal.booking is None:
-            return Admission(queued=False, code=code, retry_after_s=retry_s)
+            return Admission(admitted=False, code=code, retry_after_s=retry_s)
         return Admission(
-            queued=False,
+            admitted=False,
             code=code,
             retry_after_s=retry_s,
             booking=refusal.booking,
@@ -812,7 +824,8 @@ class Controller:
                     prompt_tokens=round(rec.prompt_est),
                     inflight=rec.inflight_at_send,
                     sent_at=rec.dispatched_at,
-                    extra={"pending": 1.0, "prefill_ahead": rec.prefill_ahead},
+                    prefill_ahead=rec.prefill_ahead,
+                    pending=True,
                 ),
                 now,
             )
@@ -877,7 +890,7 @@ class Controller:
                 prompt_tokens=round(rec.prompt_est),
                 inflight=rec.inflight_at_send,
                 sent_at=rec.dispatched_at,
-                extra={"prefill_ahead": rec.prefill_ahead},
+                prefill_ahead=rec.prefill_ahead,
                 priority=rec.priority,
                 client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
                 max_tokens=rec.info.max_tokens,
@@ -1065,7 +1078,7 @@ class Controller:
 
     # -- hot reload --------------------------------------------------------------------
 
-    def apply_policy(self, policy: Policy) -> None:
+    def apply_policy(self, policy: CoreSettings) -> None:
         """New sizes, timeouts, drop policies, thresholds, reservations, quotas and limiter
         settings; queued and in-flight requests stay where they are (a queue over its new
         size keeps its requests and refuses newcomers until it is below)."""
@@ -1081,10 +1094,9 @@ class Controller:
         d = self._dispatcher
         d.aging_after_s = policy.dispatcher.aging_after
         d.hold_for_large_s = policy.dispatcher.hold_for_large
-        d.set_reserved(policy.dispatcher.reserved.p0)
-        objectives = policy.objectives()
+        d.set_reserved(policy.dispatcher.reserved_p0)
         for b in d.backends.values():
-            b.limiter.on_policy(1.0 - policy.dispatcher.reserved.p0, objectives)
+            b.limiter.on_policy(self._limiter_context(b.name))
         self._quotas.set_limits(policy.tenants, now)
         if policy.limiter != old.limiter:
             for b in d.backends.values():

@@ -25,13 +25,13 @@ newcomer is refused at once: `fast_reject`. Below the threshold it queues.
 
 from __future__ import annotations
 
-from sluice.config import DropPolicy, PressurePolicy, QueuePolicy
+from sluice.core.settings import DropPolicy, PressureSettings, QueueSettings
 from sluice.core.types import RejectCode
 
 
 def admission_code(
-    policy: QueuePolicy,
-    thresholds: PressurePolicy,
+    policy: QueueSettings,
+    thresholds: PressureSettings,
     *,
     queued: int,
     can_dispatch_now: bool,
@@ -54,7 +54,7 @@ def admission_code(
     return None
 
 
-def head_slack(policy: QueuePolicy, expected_ttft_s: float) -> float:
+def head_slack(policy: QueueSettings, expected_ttft_s: float) -> float:
     """How much earlier than its deadline a queued request is dropped."""
     if policy.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
         return expected_ttft_s

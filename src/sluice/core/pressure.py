@@ -40,16 +40,12 @@ KV_CONGESTED_FROM = 0.85
 KV_CONGESTED_AT = 0.95
 
 
-def backend_congestion(
-    kv_usage: float | None,
-    waiting: float | None,
-    kv_low: float = KV_CONGESTED_FROM,
-    kv_high: float = KV_CONGESTED_AT,
-) -> float:
+def backend_congestion(kv_usage: float | None, waiting: float | None) -> float:
     """One backend's congestion in [0, 1] from its last scrape."""
     c = 1.0 if waiting is not None and waiting > 0 else 0.0
-    if kv_usage is not None and kv_high > kv_low:
-        c = max(c, min(1.0, max(0.0, (kv_usage - kv_low) / (kv_high - kv_low))))
+    if kv_usage is not None:
+        ramp = (kv_usage - KV_CONGESTED_FROM) / (KV_CONGESTED_AT - KV_CONGESTED_FROM)
+        c = max(c, min(1.0, max(0.0, ramp)))
     return c
 
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from sluice.config import Tenant
+from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
 
 
@@ -105,7 +105,7 @@ def settlement(
 
 class TenantQuotas(Protocol):
     def charge_for(self, tenant: str, tokens: int) -> int: ...
-    def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None: ...
+    def set_limits(self, tenants: Iterable[TenantLimits], now: float = 0.0) -> None: ...
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision: ...
     def refund(self, tenant: str, tokens: int, now: float) -> None: ...
     def settle(self, tenant: str, delta_tokens: int, now: float) -> None: ...
@@ -149,14 +149,14 @@ class _TenantState:
 
 
 class InProcessQuotas:
-    def __init__(self, tenants: Iterable[Tenant] = (), *, concurrency_retry_s: float = 1.0):
+    def __init__(self, tenants: Iterable[TenantLimits] = (), *, concurrency_retry_s: float = 1.0):
         self.concurrency_retry_s = concurrency_retry_s
         self._state: dict[str, _TenantState] = {}
-        self._limits: dict[str, Tenant] = {}
+        self._limits: dict[str, TenantLimits] = {}
         self._fractions: dict[str, float] = {}
         self.set_limits(tenants)
 
-    def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None:
+    def set_limits(self, tenants: Iterable[TenantLimits], now: float = 0.0) -> None:
         self._limits = {t.name: t for t in tenants}
         for name, st in self._state.items():
             self._apply(st, name, now)

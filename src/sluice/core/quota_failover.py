@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from sluice.config import Tenant
 from sluice.core.clock import Clock
 from sluice.core.quota import (
     ADMITTED,
@@ -31,6 +30,7 @@ from sluice.core.quota import (
     local_fraction,
     refilled,
 )
+from sluice.core.settings import TenantLimits
 
 REPROBE_S = 1.0  # while local, try the store again this often (not on every request)
 TIMEOUTS_TO_SUSPECT = 3  # timeouts in a row that call for a probe (a refused connection
@@ -38,7 +38,7 @@ TIMEOUTS_TO_SUSPECT = 3  # timeouts in a row that call for a probe (a refused co
 SHARE_FLOOR = 0.1  # of a quota spread evenly over the processes when they go local
 
 
-def has_quota(t: Tenant) -> bool:
+def has_quota(t: TenantLimits) -> bool:
     return bool(t.tokens_per_minute or t.requests_per_minute or t.max_concurrency)
 
 
@@ -150,7 +150,7 @@ class FailoverQuotas:
         self,
         local: InProcessQuotas,
         circuit: QuotaCircuit,
-        on_limits: Callable[[Iterable[Tenant]], None] | None = None,
+        on_limits: Callable[[Iterable[TenantLimits]], None] | None = None,
         *,
         floor: float = SHARE_FLOOR,
     ) -> None:
@@ -159,13 +159,13 @@ class FailoverQuotas:
         self._on_limits = on_limits
         self.floor = floor
         self._local_open: dict[str, int] = {}
-        self._tenants: dict[str, Tenant] = {}
+        self._tenants: dict[str, TenantLimits] = {}
         self._sights: dict[str, QuotaSight] = {}
         self._taken: set[str] = set()  # tenants given a local share since the last loss
         self._used: dict[str, list[float]] = {}  # per tenant while local: requests, tokens
         self.processes = 1
 
-    def set_limits(self, tenants: Iterable[Tenant], now: float = 0.0) -> None:
+    def set_limits(self, tenants: Iterable[TenantLimits], now: float = 0.0) -> None:
         self._tenants = {t.name: t for t in tenants}
         self.local.set_limits(self._tenants.values(), now)
         if not self._circuit.shared:  # a tenant new while local gets its share too
@@ -208,7 +208,7 @@ class FailoverQuotas:
             if has_quota(t):
                 self._take(t, now, running.get(t.name, 0))
 
-    def _take(self, t: Tenant, now: float, running: int) -> None:
+    def _take(self, t: TenantLimits, now: float, running: int) -> None:
         sight = self._sights.get(t.name)
         fraction = local_fraction(sight.part if sight else None, self.processes, self.floor)
         requests_level, tokens_level = self._estimate(t, now)
@@ -219,7 +219,7 @@ class FailoverQuotas:
         self.local.set_share(t.name, share, now)
         self._taken.add(t.name)
 
-    def _estimate(self, t: Tenant, now: float) -> tuple[float | None, float | None]:
+    def _estimate(self, t: TenantLimits, now: float) -> tuple[float | None, float | None]:
         """The tenant's levels now, from the last sight, had nothing been used since."""
         sight = self._sights.get(t.name)
         if sight is None:

@@ -5,7 +5,7 @@ values: nobody changes one after it is made. Those made per request or per token
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -71,11 +71,11 @@ class RequestInfo:
 
 @dataclass(slots=True)
 class Admission:
-    """The answer to `arrive`: queued (wait for an assignment) or rejected at once. With
-    `arrive(..., take=True)`, a request placed on arrival comes back with its assignment
-    here instead of in the next step."""
+    """The answer to `arrive`: admitted (queued, or placed at once: its assignment comes
+    in a later step) or rejected at once. With `arrive(..., take=True)`, a request placed
+    on arrival comes back with its assignment here instead of in the next step."""
 
-    queued: bool
+    admitted: bool
     code: RejectCode | None = None
     retry_after_s: float = 0.0  # when rejected: the estimated time until there is room
     assignment: Assignment | None = None
@@ -86,7 +86,7 @@ class Admission:
 
     @staticmethod
     def ok() -> Admission:
-        return Admission(queued=True)
+        return Admission(admitted=True)
 
 
 @dataclass(slots=True)
@@ -168,7 +168,11 @@ class Sample:
     completion_tokens: int = 0
     inflight: int = 0  # requests in flight on the backend when the request was sent
     dropped: bool = False  # error or timeout: a congestion signal
-    extra: dict[str, float] = field(default_factory=dict)
+    # First-token and pending samples: the prompt tokens of the requests sent to the
+    # backend before this one that had no first token yet (the prefill it queued behind).
+    prefill_ahead: float = 0.0
+    # Its first token is overdue: `ttft_s` is the time waited so far, a lower bound.
+    pending: bool = False
     # Core-clock time the request was sent to the backend: lets a limiter ignore samples
     # of requests sent before its last cut (they describe the old limit).
     sent_at: float | None = None

@@ -74,10 +74,11 @@ class Gateway:
         # Shared quotas: with `redis:` the shell checks Redis and the core's quotas only
         # take over while Redis is unreachable (shared_quota.py).
         self.quota_gate: SharedQuotaGate | None = None
+        settings = policy.core_settings()  # what the core reads of it
         if policy.redis is not None:
             self.quota_gate = SharedQuotaGate(
                 policy.redis.url,
-                policy.tenants,
+                settings.tenants,
                 self.clock,
                 on_mode=self.telemetry.set_quota_mode,
                 on_error=self.telemetry.quota_error,
@@ -89,7 +90,7 @@ class Gateway:
         # break ties between backends in their own orders (core/dispatcher.py)
         process = f"{os.getpid():x}{secrets.token_hex(3)}"
         self.controller = Controller(
-            policy,
+            settings,
             self.clock,
             quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
             return_slots={"id_prefix": f"{process}-"},
@@ -183,7 +184,7 @@ class Gateway:
         keyring = KeyRing(policy)  # what can fail comes before anything changes
         REDACTOR.set_secrets(policy_secrets(policy))
         self.policy = policy
-        self.controller.apply_policy(policy)
+        self.controller.apply_policy(policy.core_settings())
         self.keyring = keyring
         self.features.apply(policy)  # breakers keep their state
         if self.pool is not None:

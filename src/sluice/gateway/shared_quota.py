@@ -44,7 +44,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.config import Tenant
 from sluice.core.clock import Clock
 from sluice.core.quota import InProcessQuotas, capped_charge, settlement
 from sluice.core.quota_failover import (
@@ -57,6 +56,7 @@ from sluice.core.quota_failover import (
     QuotaSight,
     has_quota,
 )
+from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
 
 log = logging.getLogger("sluice.quota")
@@ -192,8 +192,9 @@ class SharedQuotaGate:
     """Checks quotas in Redis for the tenants that have one; owns the circuit, the
     background probe and heartbeat, and the `FailoverQuotas` for the Controller.
 
-        gate = SharedQuotaGate(url, policy.tenants, clock, on_mode=..., on_error=...)
-        controller = Controller(policy, clock, quotas=gate.controller_quotas)
+        settings = policy.core_settings()
+        gate = SharedQuotaGate(url, settings.tenants, clock, on_mode=..., on_error=...)
+        controller = Controller(settings, clock, quotas=gate.controller_quotas)
         await gate.start()
         ticket = await gate.acquire(tenant, controller.cost_of(info))  # if gate.limits(tenant)
         ... ticket.ok / ticket.retry_after_s; ticket.finished(outcome, p, c); ticket.close()
@@ -203,7 +204,7 @@ class SharedQuotaGate:
     def __init__(
         self,
         url: str,
-        tenants: Iterable[Tenant],
+        tenants: Iterable[TenantLimits],
         clock: Clock,
         *,
         on_mode: Callable[[str], None] | None = None,
@@ -227,7 +228,7 @@ class SharedQuotaGate:
         self.stale_after_s = stale_after_s
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s)
-        self._limits: dict[str, Tenant] = {}
+        self._limits: dict[str, TenantLimits] = {}
         self.controller_quotas = FailoverQuotas(
             InProcessQuotas(concurrency_retry_s=CONCURRENCY_RETRY_S),
             self.circuit,
@@ -255,10 +256,10 @@ class SharedQuotaGate:
     def mode(self) -> str:
         return "redis" if self.circuit.shared else "local"
 
-    def set_limits(self, tenants: Iterable[Tenant]) -> None:
+    def set_limits(self, tenants: Iterable[TenantLimits]) -> None:
         self._limits = {t.name: t for t in tenants if has_quota(t)}
 
-    def limits(self, tenant: str) -> Tenant | None:
+    def limits(self, tenant: str) -> TenantLimits | None:
         """The tenant's limits if it has a quota (else no check is needed)."""
         return self._limits.get(tenant)
 

@@ -39,7 +39,7 @@ STATUS = {
 
 @dataclass(slots=True)
 class PeerAdmission:
-    queued: bool  # accepted: it will come out of `dispatch`
+    admitted: bool  # accepted: it will come out of `dispatch`
     code: PeerCode | None = None
     retry_after_s: float | None = None  # the Retry-After header, None when the peer sends none
     booking: str | None = None  # no peer books a return slot (Sluice's X-Sluice-Booking)

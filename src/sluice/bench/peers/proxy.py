@@ -134,7 +134,7 @@ class PeerProxy:
         rid = f"p{next(self._ids)}"
         info = RequestInfo(rid, "bench", priority, "sim", prompt_tokens=0, max_tokens=1)
         adm: PeerAdmission = self.gw.arrive(info)
-        if not adm.queued:
+        if not adm.admitted:
             assert adm.code is not None
             self.pump()
             return _refusal(adm.code, adm.retry_after_s)

@@ -1,22 +1,24 @@
-"""Adaptive concurrency per backend: one small interface, four algorithms, one factory."""
+"""Adaptive concurrency per backend: one small interface, five algorithms, one factory."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sluice.config import LimiterPolicy
-from sluice.core.limiters.base import Limiter, LimiterBase, request_rtt
+from sluice.core.limiters.base import Limiter, LimiterBase, LimiterContext, request_rtt
 from sluice.core.limiters.fixed import FixedLimiter
 from sluice.core.limiters.gradient import GradientLimiter
 from sluice.core.limiters.slo import SloLimiter
 from sluice.core.limiters.sluice import SluiceLimiter
 from sluice.core.limiters.vegas_seed import VegasSeedLimiter
+from sluice.core.settings import LimiterSettings
 
 __all__ = [
+    "ALGORITHMS",
     "FixedLimiter",
     "GradientLimiter",
     "Limiter",
     "LimiterBase",
+    "LimiterContext",
     "SloLimiter",
     "SluiceLimiter",
     "VegasSeedLimiter",
@@ -24,23 +26,29 @@ __all__ = [
     "request_rtt",
 ]
 
+# The policy's `limiter.algorithm` names -> their classes.
+ALGORITHMS: dict[str, type[LimiterBase]] = {
+    "fixed": FixedLimiter,
+    "vegas-seed": VegasSeedLimiter,
+    "gradient": GradientLimiter,
+    "sluice": SluiceLimiter,
+    "slo": SloLimiter,
+}
+
 
 def make_limiter(
-    policy: LimiterPolicy, *, initial_limit: int | None = None, **kwargs: Any
+    settings: LimiterSettings,
+    context: LimiterContext | None = None,
+    *,
+    initial_limit: int | None = None,
+    **kwargs: Any,
 ) -> Limiter:
-    """A fresh limiter for one backend. `initial_limit` overrides the policy's (a hot
-    reload keeps the current limit); extra keyword arguments go to the algorithm."""
-    algo = policy.algorithm
-    start = policy.initial_limit if initial_limit is None else initial_limit
-    start = max(policy.min_limit, min(policy.max_limit, start))
-    if algo == "fixed":
-        return FixedLimiter(policy.fixed_limit)
-    if algo == "vegas-seed":
-        return VegasSeedLimiter(policy.min_limit, policy.max_limit, **kwargs)
-    if algo == "gradient":
-        return GradientLimiter(policy.min_limit, policy.max_limit, start, **kwargs)
-    if algo == "sluice":
-        return SluiceLimiter(policy.min_limit, policy.max_limit, start, **kwargs)
-    if algo == "slo":
-        return SloLimiter(policy.min_limit, policy.max_limit, start, **kwargs)
-    raise ValueError(f"unknown limiter algorithm {algo!r}")
+    """A fresh limiter for one backend. `context`: what it may ask of the controller (None:
+    a lone backend); `initial_limit` overrides the policy's (a hot reload keeps the current
+    limit); extra keyword arguments (tuning) go to the algorithm."""
+    algorithm = ALGORITHMS.get(settings.algorithm)
+    if algorithm is None:
+        raise ValueError(f"unknown limiter algorithm {settings.algorithm!r}")
+    start = settings.initial_limit if initial_limit is None else initial_limit
+    start = max(settings.min_limit, min(settings.max_limit, start))
+    return algorithm.build(settings, start, context or LimiterContext(), **kwargs)

@@ -8,20 +8,35 @@ Samples come in two kinds (see `Sample`): the first-token sample (`ttft_s` set, 
 None), sent when the first token arrives, and the end sample (`e2e_s` set; `tpot_s` when
 the request produced two tokens or more; `dropped` for errors, timeouts and backend
 refusals). A cancelled request gives no end sample. First-token and pending samples carry
-`extra["prefill_ahead"]`: the prompt tokens of the requests sent to the backend before
-this one that had no first token yet (the prefill work it queued behind).
+`prefill_ahead`: the prompt tokens of the requests sent to the backend before this one
+that had no first token yet (the prefill work it queued behind).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, Self
 
+from sluice.core.settings import LimiterSettings, Objective
 from sluice.core.types import BackendMetrics, Sample
 
-if TYPE_CHECKING:
-    from sluice.config import Objective
+
+@dataclass(frozen=True, slots=True)
+class LimiterContext:
+    """What a backend's limiter may ask of the controller, given to it when it is made
+    (`make_limiter`) and again on each policy reload (`on_policy`); each algorithm takes
+    what it needs. The defaults: a lone backend, without a controller (tests, tools)."""
+
+    backend: str = ""
+    seed: int | str = 0  # of its random draws (probe jitter), one per backend
+    # the part of the limit P1/P2 may fill (1 - the reserved P0 share)
+    usable_share: float = 1.0
+    objectives: Mapping[int, Objective] = field(default_factory=dict)  # by priority
+    # the footprint of the requests being admitted for its models (None: none yet)
+    demand_footprint: Callable[[], float | None] | None = None
+    classes_in_flight: Callable[[], Sequence[int]] | None = None  # its requests by priority
 
 
 class SharedRoom(NamedTuple):
@@ -80,7 +95,7 @@ class Limiter(Protocol):
         """Seconds after sending a request by which its first token is due, given the
         prompt tokens it waits for (its own plus the prefill ahead of it on the backend);
         past it the controller reports a pending-TTFT sample (a lower bound,
-        `extra["pending"] = 1`). None = no alarm."""
+        `pending` set). None = no alarm."""
         ...
 
     def on_fleet(self, own_kv_tokens: float, share: float, share_fresh: bool) -> None:
@@ -103,9 +118,9 @@ class Limiter(Protocol):
         like them at that part of its footprint."""
         ...
 
-    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
-        """The policy was (re)loaded: the part of the limit P1/P2 may fill (1 - the
-        reserved P0 share) and the classes' latency objectives."""
+    def on_policy(self, context: LimiterContext) -> None:
+        """The policy was reloaded: what the controller now says (the usable share, the
+        objectives; the limiter keeps its state)."""
         ...
 
     def describe(self) -> dict[str, object] | None:
@@ -116,6 +131,15 @@ class Limiter(Protocol):
 
 class LimiterBase(ABC):
     """No-op defaults, so an algorithm only writes the callbacks it uses."""
+
+    @classmethod
+    def build(
+        cls, settings: LimiterSettings, start: int, context: LimiterContext, **kwargs: Any
+    ) -> Self:
+        """One for a backend (`make_limiter`): the policy's bounds, `start` its initial
+        limit (within them), what it needs of `context`; `kwargs` (tuning) override the
+        context. Each algorithm of `ALGORITHMS` has its own."""
+        raise TypeError(f"{cls.__name__} is not built from a policy")
 
     @property
     @abstractmethod
@@ -162,7 +186,7 @@ class LimiterBase(ABC):
     def on_kv_projection(self, ratio: float, mean_footprint: float | None) -> None:
         return None
 
-    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
+    def on_policy(self, context: LimiterContext) -> None:
         return None
 
     def describe(self) -> dict[str, object] | None:
@@ -170,16 +194,13 @@ class LimiterBase(ABC):
 
 
 def request_rtt(sample: Sample) -> float | None:
-    """The whole-request time of an end sample, as the seed's limiter sees it.
+    """The whole-request time of an end sample (`vegas-seed` and `gradient` read it).
 
-    `e2e_s` if set, else an explicit `extra["rtt"]`, else ttft + tpot * (completion - 1).
-    None for a first-token sample or when nothing is known.
+    `e2e_s` if set, else ttft + tpot * (completion - 1). None for a first-token sample or
+    when nothing is known.
     """
     if sample.e2e_s is not None:
         return sample.e2e_s
-    rtt = sample.extra.get("rtt")
-    if rtt is not None:
-        return rtt
     if sample.ttft_s is not None and sample.tpot_s is not None and sample.completion_tokens:
         return sample.ttft_s + sample.tpot_s * (sample.completion_tokens - 1)
     return None

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from sluice.core.limiters.base import LimiterBase
+from typing import Any, Self
+
+from sluice.core.limiters.base import LimiterBase, LimiterContext
+from sluice.core.settings import LimiterSettings
 
 
 class FixedLimiter(LimiterBase):
+    @classmethod
+    def build(
+        cls, settings: LimiterSettings, start: int, context: LimiterContext, **kwargs: Any
+    ) -> Self:
+        return cls(settings.fixed_limit, **kwargs)
+
     def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError("a fixed limit must be at least 1")

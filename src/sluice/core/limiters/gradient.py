@@ -23,9 +23,10 @@ docs/limiter.md compares them.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal, Self
 
-from sluice.core.limiters.base import LimiterBase, request_rtt
+from sluice.core.limiters.base import LimiterBase, LimiterContext, request_rtt
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Sample
 
 
@@ -52,6 +53,12 @@ class ExpAvg:
 
 
 class GradientLimiter(LimiterBase):
+    @classmethod
+    def build(
+        cls, settings: LimiterSettings, start: int, context: LimiterContext, **kwargs: Any
+    ) -> Self:
+        return cls(settings.min_limit, settings.max_limit, start, **kwargs)
+
     def __init__(
         self,
         min_limit: int,
@@ -82,7 +89,7 @@ class GradientLimiter(LimiterBase):
     def on_sample(self, sample: Sample, now: float) -> None:
         rtt: float | None
         if self.rtt_kind == "ttft":
-            if sample.e2e_s is not None or sample.ttft_s is None or sample.extra.get("pending"):
+            if sample.e2e_s is not None or sample.ttft_s is None or sample.pending:
                 return
             rtt = sample.ttft_s
         else:

@@ -50,12 +50,22 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sluice.config import Objective
+from sluice.core.limiters.base import LimiterContext
 from sluice.core.limiters.sluice import SluiceLimiter
+from sluice.core.settings import Objective
 from sluice.core.types import Sample
 
 
 class SloLimiter(SluiceLimiter):
+    @staticmethod
+    def from_context(context: LimiterContext) -> dict[str, Any]:
+        """`sluice`'s, and the classes' objectives and what is in flight by class."""
+        return {
+            **SluiceLimiter.from_context(context),
+            "objectives": context.objectives,
+            "classes_in_flight": context.classes_in_flight,
+        }
+
     def __init__(
         self,
         min_limit: int,
@@ -233,7 +243,7 @@ class SloLimiter(SluiceLimiter):
 
     def on_sample(self, sample: Sample, now: float) -> None:
         prio = sample.priority
-        if prio in self._lengths and not sample.dropped and not sample.extra.get("pending"):
+        if prio in self._lengths and not sample.dropped and not sample.pending:
             first = sample.e2e_s is None
             if first or sample.ttft_s is None:  # once per request: at its first token
                 if sample.client_budget_s is not None:
@@ -285,9 +295,9 @@ class SloLimiter(SluiceLimiter):
         self._note_classes(now)
         super().on_release(inflight, now)
 
-    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
-        super().on_policy(usable_share, objectives)
-        self.objectives = dict(objectives)
+    def on_policy(self, context: LimiterContext) -> None:
+        super().on_policy(context)
+        self.objectives = dict(context.objectives)
 
     def describe(self) -> dict[str, object]:
         out = super().describe()

@@ -90,16 +90,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Self
 
 from sluice.core.ewma import Ewma
-from sluice.core.limiters.base import LimiterBase, SharedRoom
+from sluice.core.limiters.base import LimiterBase, LimiterContext, SharedRoom
 from sluice.core.limiters.windowed_min import WindowedMin
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Sample
-
-if TYPE_CHECKING:
-    from sluice.config import Objective
 
 # The KV cap counts requests at their projected part of a footprint (on_kv_projection)
 # while those coming are no more than this much larger than those in flight.
@@ -107,6 +105,23 @@ MIX_TOLERANCE = 1.25
 
 
 class SluiceLimiter(LimiterBase):
+    @classmethod
+    def build(
+        cls, settings: LimiterSettings, start: int, context: LimiterContext, **kwargs: Any
+    ) -> Self:
+        tuning = {**cls.from_context(context), **kwargs}
+        return cls(settings.min_limit, settings.max_limit, start, **tuning)
+
+    @staticmethod
+    def from_context(context: LimiterContext) -> dict[str, Any]:
+        """What it takes of the controller: its seed, the usable share, the admitted
+        footprint (tuning keyword arguments may override any)."""
+        return {
+            "seed": context.seed,
+            "usable_share": context.usable_share,
+            "demand_footprint": context.demand_footprint,
+        }
+
     def __init__(
         self,
         min_limit: int,
@@ -306,8 +321,8 @@ class SluiceLimiter(LimiterBase):
         self.fleet_share = share
         self.fleet_fresh = share_fresh
 
-    def on_policy(self, usable_share: float, objectives: Mapping[int, Objective]) -> None:
-        self.usable_share = usable_share
+    def on_policy(self, context: LimiterContext) -> None:
+        self.usable_share = context.usable_share
 
     def describe(self) -> dict[str, object]:
         """Internal state for the snapshot (JSON-able)."""
@@ -359,7 +374,7 @@ class SluiceLimiter(LimiterBase):
         if sample.dropped:
             self._cut(now, sample.sent_at, "drop")
             return
-        if sample.extra.get("pending"):
+        if sample.pending:
             self._cut(now, sample.sent_at, "ttft-pending")
             return
         if sample.e2e_s is None:
@@ -380,7 +395,7 @@ class SluiceLimiter(LimiterBase):
 
     def _on_ttft(self, sample: Sample, now: float) -> None:
         ttft: float = sample.ttft_s  # type: ignore[assignment]
-        work = sample.prompt_tokens + sample.extra.get("prefill_ahead", 0.0)
+        work = sample.prompt_tokens + sample.prefill_ahead
         # judged against the base before this sample (a jump is not its own base), once
         # the base window has moved on to `now`
         base = self._ttft_base.value(now)

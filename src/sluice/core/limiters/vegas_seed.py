@@ -21,14 +21,22 @@ dropped samples (errors, timeouts) are ignored rather than fed in as fast comple
 from __future__ import annotations
 
 import math
+from typing import Any, Self
 
-from sluice.core.limiters.base import LimiterBase, request_rtt
+from sluice.core.limiters.base import LimiterBase, LimiterContext, request_rtt
+from sluice.core.settings import LimiterSettings
 from sluice.core.types import Sample
 
 HOUR_NS = 3_600_000_000_000
 
 
 class VegasSeedLimiter(LimiterBase):
+    @classmethod
+    def build(
+        cls, settings: LimiterSettings, start: int, context: LimiterContext, **kwargs: Any
+    ) -> Self:
+        return cls(settings.min_limit, settings.max_limit, **kwargs)  # starts at the minimum
+
     def __init__(
         self, min_limit: int, max_limit: int, *, alpha: float = 0.1, beta: float = 0.2
     ) -> None:

@@ -125,7 +125,7 @@ class Admission:
             if ctx.wait_deadline is not None:
                 patience = min(patience, ctx.wait_deadline)
         admission = self.bridge.arrive(request_info(ctx, request_id, patience))
-        if not admission.queued:
+        if not admission.admitted:
             assert admission.code is not None
             if ctx.failed is not None:
                 return self._retry_gave_up(ctx)
