@@ -34,7 +34,7 @@ def metrics(at: float, waiting: float = 0.0, kv: float = 0.0) -> BackendMetrics:
 def test_litellm_refuses_over_the_cap_at_once_with_retry_after_60() -> None:
     gw = LiteLLMGateway(FakeClock(), ["b0"], cap=2)
     assert gw.arrive(info("a")).admitted and gw.arrive(info("b")).admitted
-    assert [a.backend for a in gw.dispatch()] == ["b0", "b0"]
+    assert [a.backend for a in gw.step().assignments] == ["b0", "b0"]
     refused = gw.arrive(info("c", priority=0))  # P0 or not: the priority is ignored
     assert (refused.admitted, refused.code, refused.retry_after_s) == (
         False,
@@ -53,7 +53,7 @@ def test_litellm_spreads_over_deployments_with_a_free_slot() -> None:
     assert not gw.arrive(info("b")).admitted  # b1 is down, b0 full
     gw.set_backend_health("b1", True)
     assert gw.arrive(info("b")).admitted
-    assert sorted(a.backend for a in gw.dispatch()) == ["b0", "b1"]
+    assert sorted(a.backend for a in gw.step().assignments) == ["b0", "b1"]
 
 
 # -- GIE / llm-d endpoint picker --------------------------------------------------------------
@@ -81,7 +81,7 @@ def test_gie_sheds_only_sheddable_requests_while_saturated() -> None:
     assert gw.arrive(info("p1", priority=1)).admitted
     gw.on_metrics("b0", metrics(0.0, kv=0.79))
     assert gw.arrive(info("p2b", priority=2)).admitted
-    assert [a.request_id for a in gw.dispatch()] == ["p0", "p1", "p2b"]
+    assert [a.request_id for a in gw.step().assignments] == ["p0", "p1", "p2b"]
 
 
 def test_gie_picks_the_endpoint_with_the_best_queue_and_kv_scores() -> None:
@@ -92,7 +92,7 @@ def test_gie_picks_the_endpoint_with_the_best_queue_and_kv_scores() -> None:
     gw.on_metrics("b0", metrics(0.0, waiting=3, kv=0.5))  # 0 + 1.0
     gw.on_metrics("b1", metrics(0.0, waiting=1, kv=0.6))  # 2 + 0.8
     gw.arrive(info("b"))
-    assert [a.backend for a in gw.dispatch()] == ["b0", "b1"]
+    assert [a.backend for a in gw.step().assignments] == ["b0", "b1"]
 
 
 def test_gie_flow_control_dispatches_by_band_and_stops_while_saturated() -> None:
@@ -101,19 +101,19 @@ def test_gie_flow_control_dispatches_by_band_and_stops_while_saturated() -> None
     gw.on_metrics("b0", metrics(0.0, waiting=5))  # saturated
     for rid, prio in (("p2", 2), ("p1", 1), ("p0", 0)):
         assert gw.arrive(info(rid, prio)).admitted  # flow control sheds nobody on arrival
-    assert gw.dispatch() == [] and gw.queued() == [1, 1, 1]
-    assert gw.next_wakeup() is None  # nothing to do until the metrics change
+    assert gw.step().assignments == [] and gw.queued() == [1, 1, 1]
+    assert gw.step().wake_at is None  # nothing to do until the metrics change
     gw.on_metrics("b0", metrics(0.0, waiting=0))
     # the arrivals' cycles were spent while saturated: now the 1 ms ticker sends one
     # request per tick, the highest band first
     sent = []
     for tick in (0.001, 0.002, 0.003):
-        assert gw.next_wakeup() == pytest.approx(tick)
+        assert gw.step().wake_at == pytest.approx(tick)
         clock.set(tick)
-        sent += [a.request_id for a in gw.dispatch()]
-    assert sent == ["p0", "p1", "p2"] and gw.next_wakeup() is None
+        sent += [a.request_id for a in gw.step().assignments]
+    assert sent == ["p0", "p1", "p2"] and gw.step().wake_at is None
     gw.arrive(info("late", 2))  # an arrival runs a cycle at once
-    assert [a.request_id for a in gw.dispatch()] == ["late"]
+    assert [a.request_id for a in gw.step().assignments] == ["late"]
 
 
 def test_gie_flow_control_sends_one_request_per_tick_and_honours_a_ttl() -> None:
@@ -122,16 +122,16 @@ def test_gie_flow_control_sends_one_request_per_tick_and_honours_a_ttl() -> None
     gw.on_metrics("b0", metrics(0.0, waiting=9))
     for i in range(3):
         gw.arrive(info(f"r{i}", 1))
-    assert gw.dispatch() == []
+    assert gw.step().assignments == []
     gw.on_metrics("b0", metrics(0.0, waiting=0))
     clock.set(0.0101)  # arrivals' cycles were spent while saturated: the ticker remains
-    assert [a.request_id for a in gw.dispatch()] == ["r0"]
-    assert gw.next_wakeup() == pytest.approx(0.0111)
+    assert [a.request_id for a in gw.step().assignments] == ["r0"]
+    assert gw.step().wake_at == pytest.approx(0.0111)
     clock.set(0.0111)
-    assert [a.request_id for a in gw.dispatch()] == ["r1"]
+    assert [a.request_id for a in gw.step().assignments] == ["r1"]
     gw.on_metrics("b0", metrics(0.0111, waiting=7))
     clock.set(2.0)
-    expired = gw.expire()
+    expired = gw.step().rejections
     assert [(e.request_id, e.code, e.retry_after_s) for e in expired] == [
         ("r2", PeerCode.GIE_TTL, None)
     ]
@@ -174,18 +174,18 @@ def test_envoy_measures_min_rtt_then_follows_the_gradient() -> None:
     t0 = clock.now()
     _complete(gw, clock, 3, 0.002, "w")
     clock.set(t0 + 0.1)
-    gw.dispatch()  # the sample-window timer runs
+    gw.step()  # the sample-window timer runs
     assert gw.concurrency_limit == 5
     # latencies 5 x the min RTT: gradient 0.25 -> 0.5; int(2.5 + sqrt(2.5)) = 4
     _complete(gw, clock, 2, 0.01, "s")
     clock.set(t0 + 0.2)
-    gw.dispatch()
+    gw.step()
     assert gw.concurrency_limit == 4
     # a window without a sample leaves the limit alone
     clock.set(t0 + 0.3)
-    gw.dispatch()
+    gw.step()
     assert gw.concurrency_limit == 4
-    assert gw.next_wakeup() == pytest.approx(t0 + 0.4)
+    assert gw.step().wake_at == pytest.approx(t0 + 0.4)
 
 
 def test_envoy_drops_samples_of_requests_that_did_not_complete_or_predate_the_window() -> None:
@@ -202,9 +202,9 @@ def test_envoy_drops_samples_of_requests_that_did_not_complete_or_predate_the_wi
     gw2 = EnvoyGateway(clock, ["b0"], min_rtt_interval_s=5.0, jitter=0.0)
     _complete(gw2, clock, 50, 0.01, "m")
     start = clock.now()
-    assert gw2.next_wakeup() == pytest.approx(start + 0.1)
+    assert gw2.step().wake_at == pytest.approx(start + 0.1)
     clock.set(start + 5.0)
-    gw2.dispatch()  # the next minRTT measurement: pinned to 3 again
+    gw2.step()  # the next minRTT measurement: pinned to 3 again
     assert gw2.concurrency_limit == 3 and gw2._in_min_rtt
 
 

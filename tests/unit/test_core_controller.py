@@ -64,7 +64,7 @@ def test_samples_at_first_token_and_at_the_end() -> None:
     clock.set(1.0)
     c.arrive(req("a"))  # the queues are empty and b0 has room: both go on arrival,
     c.arrive(req("b"))  # and the next pass reports them
-    assert [(x.request_id, x.queued_s) for x in c.dispatch()] == [("a", 0.0), ("b", 0.0)]
+    assert [(x.request_id, x.queued_s) for x in c.step().assignments] == [("a", 0.0), ("b", 0.0)]
     clock.set(1.2)
     c.on_first_token("b")
     c.on_first_token("b")  # a repeat is ignored
@@ -97,7 +97,7 @@ def test_errors_are_drops_and_cancellations_give_no_sample() -> None:
     c, _clock, recs = recorded()
     for rid in ("err", "timeout", "over", "cancelled", "gone"):
         c.arrive(req(rid))
-    c.dispatch()
+    c.step()
     c.on_finish("err", Outcome.ERROR)
     c.on_finish("timeout", Outcome.TIMEOUT)
     c.on_finish("over", Outcome.OVERLOADED)
@@ -133,7 +133,7 @@ def test_removing_a_backend_keeps_the_others_counts() -> None:
     c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.arrive(req("a"))
     c.arrive(req("b"))
-    placed = {x.request_id: x.backend for x in c.dispatch()}
+    placed = {x.request_id: x.backend for x in c.step().assignments}
     assert placed == {"a": "b0", "b": "b1"}
     c.set_backends(["b1", "b2"])
     snap = c.snapshot()["backends"]
@@ -142,7 +142,7 @@ def test_removing_a_backend_keeps_the_others_counts() -> None:
     c.on_finish("a", Outcome.OK, 244, 10)  # its backend is gone: no error
     assert c.state_of("a") is RequestState.GONE
     c.arrive(req("c"))
-    assert [x.backend for x in c.dispatch()] == ["b2"]
+    assert [x.backend for x in c.step().assignments] == ["b2"]
     c.set_backends([])
     adm = c.arrive(req("d"))
     assert adm.code == "no_backend"
@@ -153,7 +153,7 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
     c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     for rid in ("a", "b", "c"):
         c.arrive(req(rid))
-    c.dispatch()
+    c.step()
     new = Policy.model_validate(
         {
             "queues": [
@@ -186,10 +186,10 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
     assert c.state_of("a") is RequestState.INFLIGHT
     assert c.state_of("b") is RequestState.QUEUED and c.state_of("c") is RequestState.QUEUED
     assert c.arrive(req("d")).code == "queue_full"  # 2 queued, new size 1
-    assert [x.request_id for x in c.dispatch()] == ["b"]  # the new limit 2
-    assert c.next_wakeup() == 2.0  # the new timeout applies to those already queued
+    assert [x.request_id for x in c.step().assignments] == ["b"]  # the new limit 2
+    assert c.step().wake_at == 2.0  # the new timeout applies to those already queued
     clock.set(2.0)
-    assert [r.request_id for r in c.expire()] == ["c"]
+    assert [r.request_id for r in c.step().rejections] == ["c"]
     assert c.snapshot()["backends"]["b0"]["limit"] == 2
 
 
@@ -222,7 +222,7 @@ def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> No
     takes, it arms no first-token alarm and cuts nothing."""
     c, clock = sluice_controller()
     c.arrive(req("r0", prompt=436))
-    c.dispatch()
+    c.step()
     clock.set(0.05)
     c.on_first_token("r0")  # a stream: the base is 1e-4 s/token
     c.on_finish("r0", Outcome.OK, 436, 1)
@@ -230,21 +230,21 @@ def test_a_non_streamed_answer_is_never_taken_for_an_overdue_first_token() -> No
     assert isinstance(limiter, SluiceLimiter)
     whole = RequestInfo("r1", "t", 0, "m", 436, 100, first_token_visible=False)
     c.arrive(whole)
-    assert [a.request_id for a in c.dispatch()] == ["r1"]
-    assert c.next_wakeup() is None  # no alarm armed
+    assert [a.request_id for a in c.step().assignments] == ["r1"]
+    assert c.step().wake_at is None  # no alarm armed
     clock.set(60.0)  # a minute later, still generating
-    assert c.expire() == [] and c.dispatch() == []
+    assert c.step().rejections == [] and c.step().assignments == []
     assert limiter.cuts == 0
     c.arrive(req("r2", prompt=436))  # a stream sent now does arm one
-    c.dispatch()
-    assert c.next_wakeup() is not None
+    c.step()
+    assert c.step().wake_at is not None
 
 
 def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
     c, clock = sluice_controller()
     for i in range(12):
         c.arrive(req(f"r{i}", prompt=436))
-    assert len(c.dispatch()) == 10
+    assert len(c.step().assignments) == 10
     limiter = c._dispatcher.backends["b0"].limiter
     assert isinstance(limiter, SluiceLimiter)
     clock.set(0.05)
@@ -252,18 +252,18 @@ def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
     c.on_first_token("r0")
     assert limiter.ttft_base == pytest.approx(1e-4)
     c.on_finish("r0", Outcome.OK, 436, 1)
-    assert [x.request_id for x in c.dispatch()] == ["r10"]
+    assert [x.request_id for x in c.step().assignments] == ["r10"]
     # r10 waits for the 9 prompts ahead of it (none has a first token) and its own:
     # expected 1e-4 * (10 * 436 + 64) s; overdue after 4 times that
     alarm = 0.05 + 4 * 1e-4 * (10 * 436 + 64)
     # (r1..r9 were sent before there was a base: they carry no alarm)
-    assert c.next_wakeup() == pytest.approx(alarm)
+    assert c.step().wake_at == pytest.approx(alarm)
     clock.set(alarm)
-    assert c.expire() == []
+    assert c.step().rejections == []
     assert limiter.cuts == 1
     assert limiter.last_cut_reason == "ttft-pending"
     assert c.snapshot()["backends"]["b0"]["limit"] == 8  # 10 * 0.8
-    assert c.dispatch() == []  # 10 in flight > 8
+    assert c.step().assignments == []  # 10 in flight > 8
     clock.set(alarm + 1.0)
     c.on_metrics("b0", BackendMetrics(at=clock.now(), waiting=3, running=7))
     assert limiter.cuts == 1  # 10 in flight: the last cut is still draining
@@ -280,7 +280,7 @@ def test_snapshot_is_json_and_counters_add_up() -> None:
     c.arrive(req("a"))
     c.arrive(req("b"))
     c.arrive(req("x", prio=1))
-    c.dispatch()
+    c.step()
     c.cancel("b")
     c.on_metrics("b0", BackendMetrics(at=0.0, kv_usage=0.3, waiting=0))
     snap = c.snapshot()
@@ -300,7 +300,7 @@ def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> Non
     clock.set(1.0)
     c.arrive(RequestInfo("e", "t", 0, "m", 300, 1024, prefill_only=True, first_token_visible=False))
     c.arrive(RequestInfo("g", "t", 0, "m", 300, 1024, first_token_visible=False))
-    c.dispatch()
+    c.step()
     snap = c.snapshot()["backends"]["b0"]
     # the generation request adds half its max_tokens (nothing learned yet), the other none
     assert snap["inflight_tokens"] == 300 + (300 + 512)
@@ -311,18 +311,18 @@ def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> Non
     assert sample.tpot_s is None and sample.completion_tokens == 0
     # it taught no output length: the next generation request is still costed at half
     c.arrive(RequestInfo("g2", "t", 0, "m", 300, 1024, first_token_visible=False))
-    c.dispatch()
+    c.step()
     assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 2 * (300 + 512)
 
 
 def test_sequences_multiply_the_expected_output_and_learn_per_sequence() -> None:
     c, _clock, _recs = recorded()
     c.arrive(RequestInfo("n4", "t", 0, "m", 100, 200, sequences=4, first_token_visible=False))
-    c.dispatch()
+    c.step()
     assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 100 + 4 * 100
     c.on_finish("n4", Outcome.OK, prompt_tokens=100, completion_tokens=4 * 50)
     c.arrive(RequestInfo("one", "t", 0, "m", 100, 200, first_token_visible=False))
-    c.dispatch()
+    c.step()
     # learned 50 a sequence (EWMA's first value is taken as it is)
     assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 100 + 50
 
@@ -333,15 +333,15 @@ def test_a_pinned_request_waits_for_its_own_backend() -> None:
     clock = FakeClock()
     c = Controller(policy(limit=1).core_settings(), clock, ["b0", "b1"])
     c.arrive(req("busy"))
-    (first,) = c.dispatch()
+    (first,) = c.step().assignments
     pinned_to = first.backend
     other = "b1" if pinned_to == "b0" else "b0"
     c.arrive(RequestInfo("pinned", "t", 0, "m", 10, 10, backend=pinned_to))
-    assert c.dispatch() == []  # its backend is full; the other's free slot is not for it
+    assert c.step().assignments == []  # its backend is full; the other's free slot is not for it
     c.arrive(req("lower", prio=1))
-    assert [(a.request_id, a.backend) for a in c.dispatch()] == [("lower", other)]
+    assert [(a.request_id, a.backend) for a in c.step().assignments] == [("lower", other)]
     c.on_finish("busy", Outcome.OK, 10, 10)
-    assert [(a.request_id, a.backend) for a in c.dispatch()] == [("pinned", pinned_to)]
+    assert [(a.request_id, a.backend) for a in c.step().assignments] == [("pinned", pinned_to)]
 
 
 def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -> None:

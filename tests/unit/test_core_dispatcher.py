@@ -56,27 +56,27 @@ def test_reserved_slots_keep_room_for_p0() -> None:
     c = Controller(policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"])
     for i in range(10):
         c.arrive(req(f"p1-{i}", 1))
-    assert len(c.dispatch()) == 8  # P1 may use 10 * (1 - 0.2) slots
+    assert len(c.step().assignments) == 8  # P1 may use 10 * (1 - 0.2) slots
     c.arrive(req("p2", 2))
-    assert c.dispatch() == []  # P2 neither
+    assert c.step().assignments == []  # P2 neither
     c.arrive(req("p0-a", 0))
     c.arrive(req("p0-b", 0))
     c.arrive(req("p0-c", 0))
-    assert ids(c.dispatch()) == ["p0-a", "p0-b"]  # P0 uses the whole limit
+    assert ids(c.step().assignments) == ["p0-a", "p0-b"]  # P0 uses the whole limit
     # a P1 request finishes: the slot goes to the waiting P0 request (strict priority)
     c.on_finish("p1-0", Outcome.OK, 100, 10)
-    assert ids(c.dispatch()) == ["p0-c"]
+    assert ids(c.step().assignments) == ["p0-c"]
     # another: 9 in flight, P1 may not go above 8; nothing moves
     c.on_finish("p1-1", Outcome.OK, 100, 10)
-    assert c.dispatch() == []
+    assert c.step().assignments == []
     c.on_finish("p0-a", Outcome.OK, 100, 10)
-    assert c.dispatch() == []  # 8 in flight: still not below 8
+    assert c.step().assignments == []  # 8 in flight: still not below 8
     c.on_finish("p0-b", Outcome.OK, 100, 10)
-    assert ids(c.dispatch()) == ["p1-8"]  # 7 -> 8 in flight
+    assert ids(c.step().assignments) == ["p1-8"]  # 7 -> 8 in flight
     c.on_finish("p0-c", Outcome.OK, 100, 10)
-    assert ids(c.dispatch()) == ["p1-9"]  # P1 before P2
+    assert ids(c.step().assignments) == ["p1-9"]  # P1 before P2
     c.on_finish("p1-2", Outcome.OK, 100, 10)
-    assert ids(c.dispatch()) == ["p2"]
+    assert ids(c.step().assignments) == ["p2"]
     assert c.snapshot()["backends"]["b0"]["inflight"] == 8
 
 
@@ -85,7 +85,7 @@ def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
     c = Controller(policy(limit=5, reserved=0.2, aging=10.0).core_settings(), clock, ["b0"])
     for i in range(5):
         c.arrive(req(f"busy{i}", 0))
-    assert len(c.dispatch()) == 5
+    assert len(c.step().assignments) == 5
     for i in range(40):
         c.arrive(req(f"p0-{i}", 0))
     for i in range(5):
@@ -95,7 +95,7 @@ def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
     for t in range(1, 31):
         clock.set(float(t))
         c.on_finish(inflight.pop(0), Outcome.OK, 100, 10)
-        [a] = c.dispatch()
+        [a] = c.step().assignments
         inflight.append(a.request_id)
         served.append((t, a.request_id))
     p1 = [(t, rid) for t, rid in served if rid.startswith("p1")]
@@ -109,9 +109,9 @@ def test_aging_does_nothing_when_p0_is_idle() -> None:
     c = Controller(policy(limit=5, reserved=0.2, aging=1.0).core_settings(), clock, ["b0"])
     for i in range(6):
         c.arrive(req(f"p1-{i}", 1))
-    assert len(c.dispatch()) == 4
+    assert len(c.step().assignments) == 4
     clock.set(5.0)
-    assert c.dispatch() == []  # aged, but P0 is empty: P1 keeps to its own slots
+    assert c.step().assignments == []  # aged, but P0 is empty: P1 keeps to its own slots
 
 
 def _run_fair(weights: dict[str, float], sends: dict[str, int], ticks: int = 200) -> dict[str, int]:
@@ -130,7 +130,7 @@ def _run_fair(weights: dict[str, float], sends: dict[str, int], ticks: int = 200
             # usage as estimated (100 + 50): every request keeps the same token cost, so
             # request shares are token shares
             c.on_finish(rid, Outcome.OK, 100, 50)
-        inflight = ids(c.dispatch())
+        inflight = ids(c.step().assignments)
         for rid in inflight:
             served[rid.rstrip("0123456789")] += 1
     return served
@@ -157,12 +157,12 @@ def test_backend_choice_least_outstanding_then_tokens_then_name() -> None:
     c.arrive(req("big", 0, prompt=1000))
     c.arrive(req("small", 0, prompt=10))
     c.arrive(req("mid", 0, prompt=100))
-    got = {a.request_id: a.backend for a in c.dispatch()}
+    got = {a.request_id: a.backend for a in c.step().assignments}
     # all empty: ties on tokens too, so by name; then the emptiest
     assert got == {"big": "b0", "small": "b1", "mid": "b2"}
     c.arrive(req("next", 0))
     # each has 1 in flight; b1 has the fewest estimated tokens (10 + 50)
-    assert c.dispatch()[0].backend == "b1"
+    assert c.step().assignments[0].backend == "b1"
 
 
 def test_backend_choice_respects_models_and_health() -> None:
@@ -172,14 +172,14 @@ def test_backend_choice_respects_models_and_health() -> None:
     c.set_backend_models("b1", ["qwen"])
     c.arrive(req("q", 0, model="qwen"))
     c.arrive(req("l", 0, model="llama"))
-    assert {a.request_id: a.backend for a in c.dispatch()} == {"q": "b1", "l": "b0"}
+    assert {a.request_id: a.backend for a in c.step().assignments} == {"q": "b1", "l": "b0"}
     c.set_backend_health("b1", False)
     adm = c.arrive(req("q2", 0, model="qwen"))
     assert not adm.admitted and adm.code == "no_backend"
     assert adm.retry_after_s == 2.0
     c.set_backend_health("b1", True)
     assert c.arrive(req("q3", 0, model="qwen")).admitted
-    assert c.dispatch()[0].backend == "b1"
+    assert c.step().assignments[0].backend == "b1"
 
 
 def test_a_blocked_model_does_not_hold_back_other_models() -> None:
@@ -188,10 +188,10 @@ def test_a_blocked_model_does_not_hold_back_other_models() -> None:
     c.set_backend_models("b0", ["llama"])
     c.set_backend_models("b1", ["qwen"])
     c.arrive(req("l0", 0, model="llama"))
-    c.dispatch()
+    c.step()
     c.arrive(req("l1", 0, model="llama"))  # P0 waits for b0
     c.arrive(req("q1", 1, model="qwen"))  # P1 on b1 takes nothing P0 waits for
-    assert ids(c.dispatch()) == ["q1"]
+    assert ids(c.step().assignments) == ["q1"]
 
 
 class BudgetLimiter(LimiterBase):
@@ -219,14 +219,14 @@ def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:
     )
     c.arrive(req("a", 0, prompt=550))  # footprint 550 + 50 = 600
     c.arrive(req("b", 0, prompt=550))
-    assert ids(c.dispatch()) == ["a"]  # 600 + 600 > 1000
+    assert ids(c.step().assignments) == ["a"]  # 600 + 600 > 1000
     c.arrive(req("p1", 1, prompt=150))  # 200 tokens: 800 > 0.8 * 1000 for P1
-    assert c.dispatch() == []  # and P0's blocked "b" comes first anyway
+    assert c.step().assignments == []  # and P0's blocked "b" comes first anyway
     c.on_finish("a", Outcome.OK, 550, 50)
     # an empty backend takes any request whatever its budget
     c.cancel("b")
     c.arrive(req("huge", 0, prompt=5000))
-    assert ids(c.dispatch()) == ["huge"]
+    assert ids(c.step().assignments) == ["huge"]
 
 
 class PrefillLimiter(LimiterBase):
@@ -259,18 +259,18 @@ def test_the_prefill_bound_holds_prompts_until_first_tokens_come_back() -> None:
     for i in range(4):
         c.arrive(req(f"p1-{i}", 1, prompt=300))
     # 1000 prompt tokens may await their first token: three prompts of 300, not four
-    assert ids(c.dispatch()) == ["p1-0", "p1-1", "p1-2"]
+    assert ids(c.step().assignments) == ["p1-0", "p1-1", "p1-2"]
     c.arrive(req("p0", 0, prompt=300))
-    assert ids(c.dispatch()) == []  # P0 goes first, but within the bound too
+    assert ids(c.step().assignments) == []  # P0 goes first, but within the bound too
     c.on_first_token("p1-0")  # its prompt is no longer waiting: 600 queued
-    assert ids(c.dispatch()) == ["p0"]  # strict priority: before p1-3
+    assert ids(c.step().assignments) == ["p0"]  # strict priority: before p1-3
     c.on_first_token("p1-1")
-    assert ids(c.dispatch()) == ["p1-3"]
+    assert ids(c.step().assignments) == ["p1-3"]
     # a backend with no prefill queued takes any prompt
     for rid in ("p1-2", "p0", "p1-3"):
         c.on_first_token(rid)
     c.arrive(req("long", 1, prompt=5000))
-    assert ids(c.dispatch()) == ["long"]
+    assert ids(c.step().assignments) == ["long"]
 
 
 def test_a_non_streamed_prompt_does_not_hold_the_prefill_bound() -> None:
@@ -288,14 +288,14 @@ def test_a_non_streamed_prompt_does_not_hold_the_prefill_bound() -> None:
     )
     c.arrive(RequestInfo("whole", "t", 1, "m", 700, 100, first_token_visible=False))
     c.arrive(req("next", 1, prompt=700))
-    assert ids(c.dispatch()) == ["whole", "next"]
+    assert ids(c.step().assignments) == ["whole", "next"]
 
 
 def test_a_queued_disconnect_leaves_at_once() -> None:
     clock = FakeClock()
     c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("busy", 1, tenant="A"))
-    c.dispatch()
+    c.step()
     c.arrive(req("gone", 1, tenant="A"))
     c.arrive(req("stay", 1, tenant="B"))
     assert c.snapshot()["classes"]["P1"]["tenants_queued"] == {"A": 1, "B": 1}
@@ -306,7 +306,7 @@ def test_a_queued_disconnect_leaves_at_once() -> None:
     assert snap["cancelled_queued"] == 1
     assert c.state_of("gone") is RequestState.GONE
     c.on_finish("busy", Outcome.OK, 100, 10)
-    assert ids(c.dispatch()) == ["stay"]
+    assert ids(c.step().assignments) == ["stay"]
     # late calls for the gone request are no-ops
     c.cancel("gone")
     c.on_first_token("gone")
@@ -319,9 +319,9 @@ def test_cancel_in_flight_frees_the_slot() -> None:
     c = Controller(policy(limit=1).core_settings(), clock, ["b0"])
     c.arrive(req("a", 0))
     c.arrive(req("b", 0))
-    assert ids(c.dispatch()) == ["a"]
+    assert ids(c.step().assignments) == ["a"]
     c.cancel("a")
-    assert ids(c.dispatch()) == ["b"]
+    assert ids(c.step().assignments) == ["b"]
     assert c.snapshot()["backends"]["b0"]["inflight"] == 1
 
 
@@ -335,8 +335,9 @@ def test_another_models_request_goes_when_the_heads_model_is_full() -> None:
     for rid, model in (("chat0", "chat"), ("chat1", "chat"), ("embed2", "embed")):
         c.arrive(req(rid, 0, model=model))
     c.arrive(req("chat3", 0, model="chat"))
-    placed = [(a.request_id, a.backend) for a in c.dispatch()]
+    placed = [(a.request_id, a.backend) for a in c.step().assignments]
     assert placed == [("chat0", "chat-b"), ("embed2", "embed-b")]
     assert c.state_of("chat1") is RequestState.QUEUED and c.state_of("chat3") is RequestState.QUEUED
     c.on_finish("chat0", Outcome.OK, 100, 10)
-    assert [a.request_id for a in c.dispatch()] == ["chat1"]  # the chat queue keeps its order
+    # the chat queue keeps its order
+    assert [a.request_id for a in c.step().assignments] == ["chat1"]

@@ -51,7 +51,7 @@ def setup(pol: Policy, **kw: Any) -> tuple[Controller, FakeClock]:
 def test_tail_full_queue_rejects_the_newcomer() -> None:
     c, _clock = setup(policy(limit=1))
     assert c.arrive(req("r0")).admitted
-    assert [a.request_id for a in c.dispatch()] == ["r0"]  # in flight
+    assert [a.request_id for a in c.step().assignments] == ["r0"]  # in flight
     assert c.arrive(req("r1")).admitted
     assert c.arrive(req("r2")).admitted
     adm = c.arrive(req("r3"))  # maxQueueSize 2
@@ -64,19 +64,19 @@ def test_tail_full_queue_rejects_the_newcomer() -> None:
 def test_tail_drops_from_the_head_after_the_timeout() -> None:
     c, clock = setup(policy(limit=1))
     c.arrive(req("r0"))
-    c.dispatch()
+    c.step()
     clock.set(1.0)
     c.arrive(req("r1"))
     clock.set(2.0)
     c.arrive(req("r2"))
-    assert c.next_wakeup() == 9.0  # r1 queued at 1 s, timeout 8 s
+    assert c.step().wake_at == 9.0  # r1 queued at 1 s, timeout 8 s
     clock.set(8.99)
-    assert c.expire() == []
+    assert c.step().rejections == []
     clock.set(9.0)
-    [rej] = c.expire()
+    [rej] = c.step().rejections
     assert rej.request_id == "r1" and rej.code is RejectCode.QUEUE_TIMEOUT
     assert rej.queued_s == pytest.approx(8.0)
-    assert c.next_wakeup() == 10.0
+    assert c.step().wake_at == 10.0
     assert c.state_of("r1") is RequestState.GONE
     assert c.state_of("r2") is RequestState.QUEUED
 
@@ -84,14 +84,15 @@ def test_tail_drops_from_the_head_after_the_timeout() -> None:
 def test_tail_client_deadline_caps_the_wait() -> None:
     c, clock = setup(policy(limit=1))
     c.arrive(req("r0"))
-    c.dispatch()
+    c.step()
     c.arrive(req("r1", deadline=3.0))
-    assert c.next_wakeup() == 3.0
+    assert c.step().wake_at == 3.0
     clock.set(3.0)
     # dispatch does not serve it even though a slot frees at that instant
     c.on_finish("r0", Outcome.OK, 100, 10)
-    assert c.dispatch() == []
-    [rej] = c.expire()
+    s = c.step()
+    assert s.assignments == []
+    [rej] = s.rejections
     assert rej.request_id == "r1" and rej.code is RejectCode.QUEUE_TIMEOUT
     adm = c.arrive(req("r2", deadline=2.0))  # already past its deadline
     assert adm.code is RejectCode.QUEUE_TIMEOUT
@@ -103,7 +104,7 @@ def test_tail_client_deadline_caps_the_wait() -> None:
 def test_early_drop_refuses_a_newcomer_whose_predicted_wait_exceeds_its_patience() -> None:
     c, clock = setup(policy(limit=1))
     c.arrive(req("p0", prio=1))
-    assert len(c.dispatch()) == 1
+    assert len(c.step().assignments) == 1
     for i in range(3):
         assert c.arrive(req(f"q{i}", prio=1)).admitted
     # pressure = 0.5 * 1 (limit used) + 0.5 * min(1, 3 queued / limit 1) = 1.0
@@ -123,7 +124,7 @@ def test_early_drop_refuses_a_newcomer_whose_predicted_wait_exceeds_its_patience
 def test_early_drop_does_not_shed_below_the_pressure_threshold() -> None:
     c, _clock = setup(policy(limit=4))
     c.arrive(req("a", prio=1))
-    c.dispatch()
+    c.step()
     # pressure 0.5 * 1/4 = 0.125 < shedAbove 0.5: queued even with a short deadline
     assert c.pressure() == 0.125
     assert c.arrive(req("late", prio=1, deadline=0.5)).admitted
@@ -132,33 +133,34 @@ def test_early_drop_does_not_shed_below_the_pressure_threshold() -> None:
 def test_early_drop_drops_at_the_head_when_the_client_will_not_wait() -> None:
     c, clock = setup(policy(limit=1))
     c.arrive(req("r0", prio=1))
-    c.dispatch()
+    c.step()
     clock.set(0.5)
     c.on_first_token("r0")  # expected TTFT is now 0.5 s (alpha 1)
     c.arrive(req("r1", prio=1, deadline=3.0))
     c.arrive(req("r2", prio=0, deadline=3.0))  # tail: no slack
     # r1 could not get its first token before 3.0 once now + 0.5 >= 3.0
-    assert c.next_wakeup() == 2.5
+    assert c.step().wake_at == 2.5
     clock.set(2.49)
-    assert c.expire() == []
+    assert c.step().rejections == []
     clock.set(2.5)
-    [rej] = c.expire()
+    [rej] = c.step().rejections
     assert rej.request_id == "r1" and rej.code is RejectCode.QUEUE_TIMEOUT
-    assert c.next_wakeup() == 3.0  # r2 (tail) waits until its deadline itself
+    assert c.step().wake_at == 3.0  # r2 (tail) waits until its deadline itself
 
 
 def test_early_drop_class_timeout_moves_earlier_by_the_expected_ttft() -> None:
     c, clock = setup(policy(limit=1, q1={"timeout": "4s"}))
     c.arrive(req("r0", prio=1))
-    c.dispatch()
+    c.step()
     clock.set(1.0)
     c.on_first_token("r0")  # expected TTFT 1 s
     c.arrive(req("r1", prio=1))
-    assert c.next_wakeup() == 4.0  # 1 + 4 - 1
+    assert c.step().wake_at == 4.0  # 1 + 4 - 1
     clock.set(4.0)
     c.on_finish("r0", Outcome.OK, 100, 5)
-    assert c.dispatch() == []  # its client would not get a token in time: not served
-    [rej] = c.expire()
+    s = c.step()
+    assert s.assignments == []  # its client would not get a token in time: not served
+    [rej] = s.rejections
     assert rej.request_id == "r1"
 
 
@@ -166,12 +168,12 @@ def test_retry_after_is_the_drain_time_net_of_arrivals() -> None:
     c, clock = setup(policy(limit=1))
     for i in range(11):
         c.arrive(req(f"r{i}", prio=1))  # eleven at t=0; r0 goes on arrival
-    assert [a.request_id for a in c.dispatch()] == ["r0"]
+    assert [a.request_id for a in c.step().assignments] == ["r0"]
     dispatch_times = [5.0, 5.25, 5.5, 5.75, 6.0]  # warm: dispatching for tau = 1 s
     for i, t in enumerate(dispatch_times, start=1):
         clock.set(t)
         c.on_finish(f"r{i - 1}", Outcome.OK, 100, 10)
-        assert [a.request_id for a in c.dispatch()] == [f"r{i}"]
+        assert [a.request_id for a in c.step().assignments] == [f"r{i}"]
     # 5 queued, 1 in flight of limit 1: pressure 1.0; the newcomer's client gives up in 0.5 s
     now = 6.0
     adm = c.arrive(req("late", prio=1, deadline=now + 0.5))
@@ -189,7 +191,7 @@ def test_fast_reject_refuses_above_the_threshold_and_queues_below() -> None:
     c, _clock = setup(policy(limit=2))
     c.arrive(req("a", prio=0))
     c.arrive(req("b", prio=0))
-    assert len(c.dispatch()) == 2
+    assert len(c.step().assignments) == 2
     c.arrive(req("c", prio=0))
     # 0.5 * 1 + 0.5 * (1 queued / limit 2) = 0.75 < 0.8: P2 queues
     assert c.pressure() == 0.75
@@ -205,7 +207,7 @@ def test_fast_reject_refuses_above_the_threshold_and_queues_below() -> None:
 def test_max_queue_size_zero_admits_only_what_can_go_at_once() -> None:
     c, _clock = setup(policy(limit=1, q0={"maxQueueSize": 0}))
     assert c.arrive(req("a")).admitted  # a free slot: admitted and dispatched
-    assert [x.request_id for x in c.dispatch()] == ["a"]
+    assert [x.request_id for x in c.step().assignments] == ["a"]
     assert c.arrive(req("b")).code is RejectCode.QUEUE_FULL
 
 

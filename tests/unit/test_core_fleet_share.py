@@ -133,7 +133,7 @@ def _controller() -> Controller:
 
 def _send(c: Controller, rid: str) -> None:
     c.arrive(RequestInfo(rid, "t", 1, "m", 300, 60))
-    c.dispatch()
+    c.step()
 
 
 def _scrape(c: Controller, running: float) -> None:

@@ -51,7 +51,7 @@ def _controller() -> tuple[Controller, FakeClock]:
     # a first request teaches the backend's TPOT: 20 tokens in 1.9 s after the first,
     # 0.1 s each; its output teaches the tenant's (20): footprints are 80 + 20
     c.arrive(RequestInfo("w", "t", 1, "m", 80, 40))
-    assert [a.request_id for a in c.dispatch()] == ["w"]
+    assert [a.request_id for a in c.step().assignments] == ["w"]
     c.on_first_token("w")
     clock.set(1.9)
     c.on_finish("w", Outcome.OK, 80, 20)
@@ -59,7 +59,7 @@ def _controller() -> tuple[Controller, FakeClock]:
 
 
 def _placed(c: Controller) -> list[str]:
-    return sorted(a.request_id for a in c.dispatch())
+    return sorted(a.request_id for a in c.step().assignments)
 
 
 def _staggered(progressed: int) -> list[str]:
@@ -70,10 +70,10 @@ def _staggered(progressed: int) -> list[str]:
     clock.set(2.0)
     for i in range(12):
         c.arrive(RequestInfo(f"a{i}", "t", 1, "m", 80, 40))
-    assert len(c.dispatch()) == 12
+    assert len(c.step().assignments) == 12
     for i in range(2):
         c.arrive(RequestInfo(f"x{i}", "t", 1, "m", 80, 40))
-    assert c.dispatch() == []  # 1,300 > 1,280
+    assert c.step().assignments == []  # 1,300 > 1,280
     for i in range(progressed):
         c.on_first_token(f"a{i}")
     clock.set(3.5)

@@ -50,7 +50,7 @@ def test_controller_pressure_from_its_state() -> None:
     for i in range(4):
         c.arrive(RequestInfo(f"r{i}", "t", 0, "m", 10, 10))
     assert c.pressure() == 0.5 * 0 + 0.5 * 1.0  # 4 queued / limit 4, nothing in flight
-    c.dispatch()
+    c.step()
     assert c.pressure() == 0.5  # 4 in flight of 4
     c.arrive(RequestInfo("q", "t", 1, "m", 10, 10))
     clock.set(7.5)  # P1 timeout 15 s: sojourn ratio 0.5 beats backlog 1/4

@@ -64,7 +64,7 @@ def test_controller_rejects_with_tenant_quota() -> None:
     assert c.arrive(RequestInfo("a", "t", 0, "m", 10, 10)).admitted
     adm = c.arrive(RequestInfo("b", "t", 0, "m", 10, 10))
     assert adm.code is RejectCode.TENANT_QUOTA and adm.retry_after_s == 60.0
-    c.dispatch()
+    c.step()
     c.on_finish("a", Outcome.OK, 10, 5)
     clock.set(60.0)
     assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).admitted

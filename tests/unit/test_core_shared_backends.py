@@ -60,7 +60,7 @@ def controller(lim: SharedLimiter, reserved: float = 0.0) -> Controller:
 
 def send(c: Controller, rid: str, prio: int = 0) -> list[str]:
     c.arrive(RequestInfo(rid, "t", prio, "m", COST - 50, 100))
-    return [a.request_id for a in c.dispatch()]
+    return [a.request_id for a in c.step().assignments]
 
 
 def test_a_request_past_a_part_claim_goes_when_the_draw_is_under_the_part() -> None:
@@ -74,7 +74,7 @@ def test_one_request_past_the_claim_at_most_until_ours_end() -> None:
     assert send(c, "a") == ["a"]
     assert send(c, "b") == []  # the claim is spent (and overdrawn): nothing left to draw on
     c.on_finish("a", Outcome.OK, COST - 50, 50)
-    assert [a.request_id for a in c.dispatch()] == ["b"]
+    assert [a.request_id for a in c.step().assignments] == ["b"]
 
 
 def test_an_empty_shared_backend_is_not_a_free_one() -> None:

@@ -67,7 +67,7 @@ def test_long_prompts_admitted_lower_the_limit_before_they_are_dispatched() -> N
     c, clock = _controller()
     for i in range(12):
         c.arrive(_req(f"s{i}", 80))  # footprint 100
-    assert len(c.dispatch()) == 12  # floor(1280 / 100) = 12 fit the KV budget
+    assert len(c.step().assignments) == 12  # floor(1280 / 100) = 12 fit the KV budget
     assert c.snapshot()["backends"]["b0"]["limit"] == 12
     for i in range(3):
         c.arrive(_req(f"long{i}", 380))  # footprint 400, queued behind the short ones
@@ -75,7 +75,7 @@ def test_long_prompts_admitted_lower_the_limit_before_they_are_dispatched() -> N
     c.on_finish("s0", Outcome.OK, 80, 20)
     # the short requests still in flight are not what comes next: 1280 / 400
     assert c.snapshot()["backends"]["b0"]["limit"] == 3
-    assert c.dispatch() == []  # 11 in flight > 3
+    assert c.step().assignments == []  # 11 in flight > 3
 
 
 @pytest.mark.parametrize("models", [None, ["m"]])
@@ -88,7 +88,7 @@ def test_a_backend_follows_the_admissions_for_the_models_it_serves(
     if models is not None:
         c.set_backend_models("b0", models)
     c.arrive(_req("s0", 80))
-    assert [a.backend for a in c.dispatch()] == ["b0"]
+    assert [a.backend for a in c.step().assignments] == ["b0"]
     assert c.arrive(RequestInfo("other", "t", 1, "other-model", 1180, 40)).admitted
     clock.set(1.0)
     c.on_finish("s0", Outcome.OK, 80, 20)

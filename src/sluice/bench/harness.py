@@ -3,7 +3,7 @@ open-loop workload, in virtual time. Minutes of overload run in seconds, determi
 
 One `run_arm` call runs one arm (`ArmSpec`) of a scenario on fresh engines. Events, in a
 heap ordered by (time, sequence): client attempts arriving, engine steps ending, the
-controller's timer (`next_wakeup` -> `expire`), scrapes every `scrape_interval` s turning
+controller's timer (the `wake_at` of its last `step`), scrapes every `scrape_interval` s turning
 each engine's state into `BackendMetrics`, health probes, client deadlines, retries,
 phase changes (the oracle's per-phase cap) and backend failures. Before each controller
 call the FakeClock is set to the event's time. Nothing here is stochastic: the workload
@@ -801,13 +801,14 @@ class _Run:
 
     def _pump_one(self, t: float, gw: int) -> None:
         ctrl = self.ctrls[gw]
-        for rej in ctrl.expire():
+        assignments, rejections, nw = ctrl.step()
+        for rej in rejections:
             r = self.by_aid.pop(rej.request_id, None)
             if r is None or r.state != _QUEUED:
                 continue
             self.queued_by_class[r.spec.priority] -= 1
             self._rejected(t, r, rej.code.value, rej.retry_after_s, rej.booking, rej.retry_window_s)
-        for a in ctrl.dispatch():
+        for a in assignments:
             r = self.by_aid.get(a.request_id)
             if r is None or r.state != _QUEUED:
                 ctrl.cancel(a.request_id)
@@ -816,7 +817,6 @@ class _Run:
             if r.ra_retry:
                 r.admitted_after_ra += 1
             self._send(t, r, self.name_index[a.backend])
-        nw = ctrl.next_wakeup()
         if nw is not None:
             nw -= self.gw_clocks[gw].offset  # the replica's clock -> virtual time
         at = self.wakeup_at[gw]

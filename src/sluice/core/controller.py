@@ -7,14 +7,15 @@ unknown id). Time comes only from the injected clock; nothing here sleeps or doe
 
 Driving it: call `arrive` for each request; after every event (arrival, finish, cancel,
 health or metrics change) call `step` and act on what it says: the assignments to start,
-the queued requests to refuse, and when to call `step` again if nothing else happens
-(`dispatch`, `expire` and `next_wakeup` are the same pass in three calls).
+the queued requests to refuse, and when to call `step` again if nothing else happens.
+It is the one way to drive it: the gateway's dispatch bridge and the virtual-time harness
+make the same calls.
 
 Dispatch on arrival: a request admitted while every class queue is empty, and that a
 backend has room for, is placed by `arrive` itself, exactly as the step right after it
 would have placed it alone in its queue (the common case below the limit, without a trip
 through the queue). Its state is then INFLIGHT, but its Assignment is reported by the next
-`step` or `dispatch` like any other (`next_wakeup` says "now" until then), so a driver
+`step` like any other (`quiet()` is false until then), so a driver
 that steps after every arrival sees no difference. A request cancelled before that step
 is not reported; its slot and its quota charge come back. A driver that acts on a
 placement at once (the gateway) passes `take=True`: when that step would have reported
@@ -254,7 +255,7 @@ class Controller:
         self._quotas: TenantQuotas = quotas or InProcessQuotas(policy.tenants)
         self._ttft = Ewma(ttft_alpha)  # expected time to first token, for early drop
         self._slack_cache: tuple[float, list[float]] | None = None  # (ttft, slacks)
-        self._pending: list[Rejection] = []  # found due inside dispatch(): for expire()
+        self._pending: list[Rejection] = []  # found due inside a pass: for its step
         # dispatched by arrive(), for the next step() to report (unless cancelled by then)
         self._ready: list[tuple[RequestRecord, Assignment]] = []
         self._dispatch_on_arrival = dispatch_on_arrival
@@ -690,12 +691,6 @@ class Controller:
         """When the earliest first-token alarm is due (maybe one no longer needed)."""
         return self._alarms[0][0] if self._alarms else None
 
-    def dispatch(self) -> list[Assignment]:
-        now = self._clock.now()
-        self._check_alarms(now)
-        ready = self._take_ready() if self._ready else []
-        return ready + self._dispatch_at(now, self._slacks())
-
     def _take_ready(self) -> list[Assignment]:
         """The assignments made by `arrive` since the last pass, but for the cancelled.
         Called after the pass has fired its due alarms, where it would have placed them."""
@@ -739,18 +734,6 @@ class Controller:
         alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
         if alarm is not None:
             heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
-
-    def expire(self) -> list[Rejection]:
-        now = self._clock.now()
-        self._check_alarms(now)
-        self._collect_due(now, self._slacks())
-        out, self._pending = self._pending, []
-        return out
-
-    def next_wakeup(self) -> float | None:
-        if self._pending or self._ready:
-            return self._clock.now()
-        return self._wakeup(self._slacks())
 
     def _wakeup(self, slacks: list[float]) -> float | None:
         at: float | None = None

@@ -4,9 +4,9 @@ own decisions behind them. Pure like the core: time comes from the injected cloc
 sleeps, so each model is unit-tested with exact values.
 
 A model answers `arrive` at once (refused, with the HTTP status and Retry-After the peer
-sends, or accepted), and hands accepted requests to a backend through `dispatch` (at once,
-or later when it queues them). `snapshot()` has the shape the harness samples
-(`backends.NAME.limit`, `pressure`)."""
+sends, or accepted), and hands accepted requests to a backend through `step` (at once, or
+later when it queues them), as the gateway drives `Controller.step`. `snapshot()` has
+the shape the harness samples (`backends.NAME.limit`, `pressure`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from sluice.core.clock import Clock
 from sluice.core.types import Assignment, BackendMetrics, Outcome, RequestInfo
@@ -57,6 +57,14 @@ class PeerRejection:
     retry_window_s: float = 0.0
 
 
+class PeerStep(NamedTuple):
+    """What one pass of a peer model decided (the shape of `Controller.step`'s `Step`)."""
+
+    assignments: list[Assignment]
+    rejections: list[PeerRejection]
+    wake_at: float | None
+
+
 class PeerGateway(ABC):
     """Shared bookkeeping: backends, health, their last metrics, and who is in flight where.
     Subclasses decide admission (`arrive`) and placement (`dispatch`)."""
@@ -90,14 +98,22 @@ class PeerGateway(ABC):
     @abstractmethod
     def arrive(self, info: RequestInfo) -> PeerAdmission: ...
 
-    def expire(self) -> list[PeerRejection]:
+    def step(self) -> PeerStep:
+        """One pass after any event, as `Controller.step`: the requests it drops, those it
+        sends now, and when to look again."""
+        rejections = self._expire()
+        return PeerStep(self._dispatch(), rejections, self._next_wakeup())
+
+    # -- a pass's parts, for the models to extend -------------------------------------
+
+    def _expire(self) -> list[PeerRejection]:
         return []
 
-    def dispatch(self) -> list[Assignment]:
+    def _dispatch(self) -> list[Assignment]:
         out, self._ready = self._ready, []
         return out
 
-    def next_wakeup(self) -> float | None:
+    def _next_wakeup(self) -> float | None:
         return None
 
     def cancel(self, request_id: str) -> None:

@@ -170,13 +170,13 @@ class EnvoyGateway(PeerGateway):
 
     # -- the harness's calls -----------------------------------------------------------------
 
-    def next_wakeup(self) -> float | None:
+    def _next_wakeup(self) -> float | None:
         due = [t for t in (self._next_update, self._next_min_rtt) if t is not None]
         return min(due) if due else None
 
-    def dispatch(self) -> list[Assignment]:
+    def _dispatch(self) -> list[Assignment]:
         self._timers(self._clock.now())
-        return super().dispatch()
+        return super()._dispatch()
 
     def arrive(self, info: RequestInfo) -> PeerAdmission:
         now = self._clock.now()

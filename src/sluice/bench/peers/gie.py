@@ -149,10 +149,10 @@ class GieGateway(PeerGateway):
         self._credits += 1  # "process immediately when an item arrives"
         return PeerAdmission(True)
 
-    def dispatch(self) -> list[Assignment]:
+    def _dispatch(self) -> list[Assignment]:
         if self.flow_control:
             self._cycles(self._clock.now())
-        return super().dispatch()
+        return super()._dispatch()
 
     def _cycles(self, now: float) -> None:
         # one cycle per arrival since the last call, and one for the ticker when a tick
@@ -183,7 +183,7 @@ class GieGateway(PeerGateway):
             return True
         return False
 
-    def next_wakeup(self) -> float | None:
+    def _next_wakeup(self) -> float | None:
         if not self.flow_control:
             return None
         nxt: float | None = None
@@ -196,7 +196,7 @@ class GieGateway(PeerGateway):
                 nxt = t if nxt is None else min(nxt, t)
         return nxt
 
-    def expire(self) -> list[PeerRejection]:
+    def _expire(self) -> list[PeerRejection]:
         if self.ttl_s is None:
             return []
         now = self._clock.now()

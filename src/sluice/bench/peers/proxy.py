@@ -68,17 +68,18 @@ class PeerProxy:
 
     def pump(self) -> None:
         gw = self.gw
-        for rej in gw.expire():
+        assignments, rejections, wake_at = gw.step()
+        for rej in rejections:
             fut = self.waiting.pop(rej.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(rej.code)
-        for a in gw.dispatch():
+        for a in assignments:
             fut = self.waiting.pop(a.request_id, None)
             if fut is None or fut.done():
                 gw.cancel(a.request_id)
                 continue
             fut.set_result(a)
-        self._arm(gw.next_wakeup())
+        self._arm(wake_at)
 
     def _arm(self, at: float | None) -> None:
         if at is None or (self._timer_at is not None and self._timer_at <= at):
