@@ -376,3 +376,9 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
     assert snap["P0"]["dropped"] == {"shutting_down": 1}
     assert snap["P0"]["admitted"] == snap["P0"]["dispatched"] + 1  # "a" ran, "b" handed back
     assert snap["P0"]["rejected"] == {"shutting_down": 1}
+
+
+def test_limits_are_each_backends_limit_in_force() -> None:
+    c, _, recs = recorded(limit=3)
+    assert c.limits() == {"b0": 3}
+    assert c.limits() == {name: b["limit"] for name, b in c.snapshot()["backends"].items()}

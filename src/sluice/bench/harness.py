@@ -585,9 +585,9 @@ class _Run:
             return [math.inf] * self.n
         out = [0.0] * self.n
         for k in self._live():
-            b = self.ctrls[k].snapshot()["backends"]
+            limits = self.ctrls[k].limits()
             for i, name in enumerate(self.names):
-                out[i] += float(b[name]["limit"])
+                out[i] += float(limits[name])
         return out
 
     # -- main loop ----------------------------------------------------------------------

@@ -1038,6 +1038,11 @@ class Controller:
             "backends": backends,
         }
 
+    def limits(self) -> dict[str, int]:
+        """Each backend's limit in force: what a driver sampling them often reads instead
+        of a whole snapshot."""
+        return {name: b.limit for name, b in self._dispatcher.backends.items()}
+
     def _quote(self, prio: int, now: float) -> float:
         """The Retry-After a refusal of this class would be given now (nothing booked)."""
         rule = self._policy.retry_after.rule

@@ -141,6 +141,10 @@ class PeerGateway(ABC):
         """Requests waiting in the gateway, per class P0..P2."""
         return [0, 0, 0]
 
+    def limits(self) -> dict[str, float]:
+        """Each backend's cap, as `Controller.limits`."""
+        return {b: self.limit(b) for b in self.backends}
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "pressure": 0.0,
