@@ -379,6 +379,6 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
 
 
 def test_limits_are_each_backends_limit_in_force() -> None:
-    c, _, recs = recorded(limit=3)
+    c, _, _ = recorded(limit=3)
     assert c.limits() == {"b0": 3}
     assert c.limits() == {name: b["limit"] for name, b in c.snapshot()["backends"].items()}
