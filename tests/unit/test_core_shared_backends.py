@@ -164,3 +164,26 @@ def test_replicas_break_ties_between_shared_backends_in_their_own_orders() -> No
     picks = [_first_choice(f"replica-{k}", shared=True) for k in range(8)]
     assert picks == ["b0", "b3", "b6", "b7", "b4", "b6", "b2", "b3"]  # 6 of the 8 backends
     assert {_first_choice(f"replica-{k}", shared=False) for k in range(8)} == {"b0"}
+
+
+def test_with_known_peers_a_backend_takes_nothing_before_our_first_scrape_of_it() -> None:
+    from sluice.core.types import BackendMetrics
+
+    def fresh(peers: int | None) -> Controller:
+        c = Controller(
+            Policy.model_validate({"limiter": {"algorithm": "sluice"}}), FakeClock(), ["b0"]
+        )
+        if peers is not None:
+            c.expect_peers(peers)
+        return c
+
+    c = fresh(2)
+    assert send(c, "a") == []  # its room is unknown: the others may have filled it
+    c.on_metrics("b0", BackendMetrics(at=0.0, running=0.0, waiting=0.0, kv_usage=0.0))
+    assert [a.request_id for a in c.dispatch()] == ["a"]
+    c = fresh(2)
+    assert send(c, "a") == []
+    c.metrics_stale("b0")  # no metrics to be had: latency-only control, as alone
+    assert [a.request_id for a in c.dispatch()] == ["a"]
+    assert send(fresh(1), "a") == ["a"]  # alone by the count
+    assert send(fresh(None), "a") == ["a"]  # no count: as before

@@ -61,7 +61,11 @@ Rules (docs/overload.md):
     requests) sends its one request past the claim without a draw: a fresh gateway,
     alone or not, starts at once (R fresh replicas put at most R requests past their
     claims there, as on any backend; later, 8 replicas each doing so on the idle
-    engines of a quiet night put 8 requests on engines of 10 when the day came). "Too
+    engines of a quiet night put 8 requests on engines of 10 when the day came). A
+    replica that knows other live ones share the backends (`peers_known`: the controller's
+    count) sends nothing to a backend before its first scrape of it has answered: with no
+    KV figures its limiter has no budget at all (a replacement in `sluice bench fleet`'s
+    rolling restart put 700-1,000-token requests on engines the others had filled). "Too
     large for every budget" is judged against the backends' whole budgets.
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
@@ -112,6 +116,8 @@ class Dispatcher:
         self.aging_every = aging_every
         self.hold_for_large_s = hold_for_large_s
         self.seed = seed  # this replica's order of the shared backends (`shuffled`)
+        # other live replicas are known to share the backends (the controller's count)
+        self.peers_known = False
         # the earliest time a large request holding the others back stops (last pass)
         self.hold_ends_at: float | None = None
         self.backends: dict[str, BackendState] = {}
@@ -309,6 +315,8 @@ class Dispatcher:
                 continue
             if not _serves(b, rec.model, blocked_models):
                 continue
+            if self.peers_known and not b.scraped:
+                continue  # shared, and its room unknown until our first scrape of it
             if not _kv_fits(b, rec.cost, share, full_rights):
                 continue
             if not _prefill_fits(b, rec.prompt_est):
