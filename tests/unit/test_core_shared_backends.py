@@ -26,9 +26,12 @@ class SharedLimiter(LimiterBase):
         room: float = 3000.0,
         floor: float = 0.0,
         first_free: bool = False,
+        footprint: float = 0.0,
     ) -> None:
         self.budget = budget
-        self.shared: SharedRoom | None = SharedRoom(draw, room, 3000.0, floor, first_free)
+        self.shared: SharedRoom | None = SharedRoom(
+            draw, room, 3000.0, floor, first_free, footprint
+        )
 
     @property
     def limit(self) -> int:
@@ -89,6 +92,17 @@ def test_a_fresh_gateway_sends_one_request_into_an_idle_backend_without_a_draw()
     assert send(controller(SharedLimiter(10.0, draw=0.99, room=float("inf"))), "a") == []
 
 
+def test_a_p1_request_larger_than_a_typical_one_draws_at_odds_scaled_by_its_size() -> None:
+    # a typical request holds 150 tokens, this one 300: P1's half odds times 150 / 300
+    # on the 100 left: 25 against 0.08 x 300 = 24, then 27
+    assert send(controller(SharedLimiter(100.0, draw=0.08, footprint=150.0)), "a", 1) == ["a"]
+    assert send(controller(SharedLimiter(100.0, draw=0.09, footprint=150.0)), "a", 1) == []
+    # no larger than a typical one: half odds only (0.16 x 300 = 48 < 50)
+    assert send(controller(SharedLimiter(100.0, draw=0.16, footprint=300.0)), "a", 1) == ["a"]
+    # P0 keeps its full odds whatever its size (0.3 x 300 = 90 < 100)
+    assert send(controller(SharedLimiter(100.0, draw=0.3, footprint=150.0)), "a") == ["a"]
+
+
 def test_the_request_must_fit_the_room_the_scrape_showed() -> None:
     assert send(controller(SharedLimiter(100.0, draw=0.0, room=COST - 1)), "a") == []
     assert send(controller(SharedLimiter(100.0, draw=0.0, room=COST)), "a") == ["a"]
@@ -135,6 +149,7 @@ def test_a_shared_limiter_keeps_back_the_spread_of_the_replicas_draws() -> None:
     assert lim.kv_budget_tokens == (0.8 * 4096 - 2 * COST) / 16  # our part of an idle one
     assert shared.floor_tokens == lim.kv_budget_tokens
     assert not shared.first_free  # the controller says when the share is a bare prior
+    assert shared.footprint_tokens == COST  # a typical request's, for the draws' odds
     assert lim.limit == 1  # part of a request, rounded up: the budget and the draw decide
     alone = _limiter_on(0.0, share=1.0)
     assert alone.kv_shared is None and alone.kv_budget_tokens == 0.8 * 4096

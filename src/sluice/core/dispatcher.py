@@ -56,7 +56,10 @@ Rules (docs/overload.md):
     room the scrape showed has it (a request larger than the whole budget: only when the
     backend looked idle); then r < 0 until ours end: one request past the claim at most.
     P1/P2 do so with half those odds (`LOW_OVERDRAFT`), P0 up to the limiter's floor,
-    its replica's part of the whole budget, besides. On a backend the scrape showed idle,
+    its replica's part of the whole budget, besides; a P1/P2 request larger than a
+    typical one (the limiter's footprint, `SharedRoom.footprint_tokens`) at odds scaled
+    down by footprint / cost besides, so that it adds no more to the spread of the
+    draws than a typical one. On a backend the scrape showed idle,
     a replica that knows nothing of the fleet yet (no count, no scrape that showed
     requests) sends its one request past the claim without a draw: a fresh gateway,
     alone or not, starts at once (R fresh replicas put at most R requests past their
@@ -479,6 +482,16 @@ def _kv_fits(b: BackendState, cost: int, share: float, full_rights: bool) -> boo
         return True
     left = budget * share - b.inflight_tokens
     odds = 1.0 if full_rights else LOW_OVERDRAFT
+    fp = shared.footprint_tokens
+    if not full_rights and 0 < fp < cost:
+        # A larger P1/P2 request draws at odds scaled down by its size: one of cost c past
+        # r adds up to r x c to the variance of the fleet's sum, and the spread kept back
+        # is for typical ones (several replicas drew 1,000-1,600-token requests, a third
+        # to a half of a `tiny` budget, into the same room within a scrape interval: most
+        # of the preemption episodes left in `sluice bench fleet`). It still goes soon:
+        # it has a draw on every backend at each scrape. P0 keeps its odds: scaled too,
+        # its large requests waited past their TTFT objective (fleet-16: P0 92-96 %).
+        odds *= fp / cost
     return (
         left > 0
         and shared.draw * cost < odds * left
