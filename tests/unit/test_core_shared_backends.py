@@ -27,9 +27,12 @@ class SharedLimiter(LimiterBase):
         room: float = 3000.0,
         floor: float = 0.0,
         first_free: bool = False,
+        footprint: float = 0.0,
     ) -> None:
         self.budget = budget
-        self.shared: SharedRoom | None = SharedRoom(draw, room, 3000.0, floor, first_free)
+        self.shared: SharedRoom | None = SharedRoom(
+            draw, room, 3000.0, floor, first_free, footprint
+        )
 
     @property
     def limit(self) -> int:
@@ -90,6 +93,17 @@ def test_a_fresh_gateway_sends_one_request_into_an_idle_backend_without_a_draw()
     assert send(controller(SharedLimiter(10.0, draw=0.99, room=float("inf"))), "a") == []
 
 
+def test_a_p1_request_larger_than_a_typical_one_draws_at_odds_scaled_by_its_size() -> None:
+    # a typical request holds 150 tokens, this one 300: P1's half odds times 150 / 300
+    # on the 100 left: 25 against 0.08 x 300 = 24, then 27
+    assert send(controller(SharedLimiter(100.0, draw=0.08, footprint=150.0)), "a", 1) == ["a"]
+    assert send(controller(SharedLimiter(100.0, draw=0.09, footprint=150.0)), "a", 1) == []
+    # no larger than a typical one: half odds only (0.16 x 300 = 48 < 50)
+    assert send(controller(SharedLimiter(100.0, draw=0.16, footprint=300.0)), "a", 1) == ["a"]
+    # P0 keeps its full odds whatever its size (0.3 x 300 = 90 < 100)
+    assert send(controller(SharedLimiter(100.0, draw=0.3, footprint=150.0)), "a") == ["a"]
+
+
 def test_the_request_must_fit_the_room_the_scrape_showed() -> None:
     assert send(controller(SharedLimiter(100.0, draw=0.0, room=COST - 1)), "a") == []
     assert send(controller(SharedLimiter(100.0, draw=0.0, room=COST)), "a") == ["a"]
@@ -136,6 +150,7 @@ def test_a_shared_limiter_keeps_back_the_spread_of_the_replicas_draws() -> None:
     assert lim.kv_budget_tokens == (0.8 * 4096 - 2 * COST) / 16  # our part of an idle one
     assert shared.floor_tokens == lim.kv_budget_tokens
     assert not shared.first_free  # the controller says when the share is a bare prior
+    assert shared.footprint_tokens == COST  # a typical request's, for the draws' odds
     assert lim.limit == 1  # part of a request, rounded up: the budget and the draw decide
     alone = _limiter_on(0.0, share=1.0)
     assert alone.kv_shared is None and alone.kv_budget_tokens == 0.8 * 4096
@@ -165,3 +180,28 @@ def test_replicas_break_ties_between_shared_backends_in_their_own_orders() -> No
     picks = [_first_choice(f"replica-{k}", shared=True) for k in range(8)]
     assert picks == ["b0", "b3", "b6", "b7", "b4", "b6", "b2", "b3"]  # 6 of the 8 backends
     assert {_first_choice(f"replica-{k}", shared=False) for k in range(8)} == {"b0"}
+
+
+def test_with_known_peers_a_backend_takes_nothing_before_our_first_scrape_of_it() -> None:
+    from sluice.core.types import BackendMetrics
+
+    def fresh(peers: int | None) -> Controller:
+        c = Controller(
+            Policy.model_validate({"limiter": {"algorithm": "sluice"}}).core_settings(),
+            FakeClock(),
+            ["b0"],
+        )
+        if peers is not None:
+            c.expect_peers(peers)
+        return c
+
+    c = fresh(2)
+    assert send(c, "a") == []  # its room is unknown: the others may have filled it
+    c.on_metrics("b0", BackendMetrics(at=0.0, running=0.0, waiting=0.0, kv_usage=0.0))
+    assert [a.request_id for a in c.step().assignments] == ["a"]
+    c = fresh(2)
+    assert send(c, "a") == []
+    c.metrics_stale("b0")  # no metrics to be had: latency-only control, as alone
+    assert [a.request_id for a in c.step().assignments] == ["a"]
+    assert send(fresh(1), "a") == ["a"]  # alone by the count
+    assert send(fresh(None), "a") == ["a"]  # no count: as before

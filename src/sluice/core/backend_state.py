@@ -38,6 +38,7 @@ class BackendState:
         "prefill_tokens",
         "records",
         "removed",
+        "scraped",
         "shuffled",
         "tie",
     )
@@ -70,6 +71,8 @@ class BackendState:
         self.kv_capacity: float | None = None
         self.last_metrics: BackendMetrics | None = None
         self.metrics_fresh = False
+        # a scrape round has answered for it (metrics, or none: then latency-only control)
+        self.scraped = False
         self.removed = False  # dropped by set_backends while requests were in flight
         # The last tie-break between backends equally loaded by our count: the name when
         # alone; on a shared backend `shuffled`, this replica's own order of the backends

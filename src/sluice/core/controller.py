@@ -340,6 +340,7 @@ class Controller:
             return
         b.last_metrics = m
         b.metrics_fresh = True
+        b.scraped = True
         if m.num_gpu_blocks and m.block_size:
             b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
         if m.running is not None:
@@ -356,6 +357,7 @@ class Controller:
         if b is None:
             return
         b.metrics_fresh = False
+        b.scraped = True
         self._set_congestion(b, None)
         b.limiter.on_metrics_stale(self._clock.now())
         self._dispatcher.refresh(b)
@@ -983,6 +985,7 @@ class Controller:
         """`processes` gateway processes are alive (`--workers`, Redis's count): this
         one's part of the fleet is 1/processes (core/fleet_share.py)."""
         self._fleet.expect_peers(processes)
+        self._dispatcher.peers_known = processes > 1
 
     def state_of(self, request_id: str) -> RequestState:
         rec = self._records.get(request_id)

@@ -58,12 +58,19 @@ Rules (docs/overload.md):
     room the scrape showed has it (a request larger than the whole budget: only when the
     backend looked idle); then r < 0 until ours end: one request past the claim at most.
     P1/P2 do so with half those odds (`LOW_OVERDRAFT`), P0 up to the limiter's floor,
-    its replica's part of the whole budget, besides. On a backend the scrape showed idle,
+    its replica's part of the whole budget, besides; a P1/P2 request larger than a
+    typical one (the limiter's footprint, `SharedRoom.footprint_tokens`) at odds scaled
+    down by footprint / cost besides, so that it adds no more to the spread of the
+    draws than a typical one. On a backend the scrape showed idle,
     a replica that knows nothing of the fleet yet (no count, no scrape that showed
     requests) sends its one request past the claim without a draw: a fresh gateway,
     alone or not, starts at once (R fresh replicas put at most R requests past their
     claims there, as on any backend; later, 8 replicas each doing so on the idle
-    engines of a quiet night put 8 requests on engines of 10 when the day came). "Too
+    engines of a quiet night put 8 requests on engines of 10 when the day came). A
+    replica that knows other live ones share the backends (`peers_known`: the controller's
+    count) sends nothing to a backend before its first scrape of it has answered: with no
+    KV figures its limiter has no budget at all (a replacement in `sluice bench fleet`'s
+    rolling restart put 700-1,000-token requests on engines the others had filled). "Too
     large for every budget" is judged against the backends' whole budgets.
 
 Cost: the backends with a free slot are kept in two dicts updated on every change, so a
@@ -116,6 +123,8 @@ class Dispatcher:
         self.aging_every = aging_every
         self.hold_for_large_s = hold_for_large_s
         self.seed = seed  # this replica's order of the shared backends (`shuffled`)
+        # other live replicas are known to share the backends (the controller's count)
+        self.peers_known = False
         # the earliest time a large request holding the others back stops (last pass)
         self.hold_ends_at: float | None = None
         self.backends: dict[str, BackendState] = {}
@@ -317,6 +326,8 @@ class Dispatcher:
                 continue
             if not _serves(b, rec.model, blocked_models):
                 continue
+            if self.peers_known and not b.scraped:
+                continue  # shared, and its room unknown until our first scrape of it
             if b.kv_peak_stale:
                 self._project(b)
             if not _kv_fits(b, rec.cost, share, full_rights):
@@ -508,6 +519,16 @@ def _kv_fits(b: BackendState, cost: int, share: float, full_rights: bool) -> boo
         return True
     left = budget * share - b.inflight_tokens
     odds = 1.0 if full_rights else LOW_OVERDRAFT
+    fp = shared.footprint_tokens
+    if not full_rights and 0 < fp < cost:
+        # A larger P1/P2 request draws at odds scaled down by its size: one of cost c past
+        # r adds up to r x c to the variance of the fleet's sum, and the spread kept back
+        # is for typical ones (several replicas drew 1,000-1,600-token requests, a third
+        # to a half of a `tiny` budget, into the same room within a scrape interval: most
+        # of the preemption episodes left in `sluice bench fleet`). It still goes soon:
+        # it has a draw on every backend at each scrape. P0 keeps its odds: scaled too,
+        # its large requests waited past their TTFT objective (fleet-16: P0 92-96 %).
+        odds *= fp / cost
     return (
         left > 0
         and shared.draw * cost < odds * left

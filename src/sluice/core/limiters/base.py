@@ -43,14 +43,16 @@ class SharedRoom(NamedTuple):
     """A backend shared with other gateway replicas, as the last fresh scrape showed it:
     `room_tokens`, the most estimated KV tokens of ours in flight it has room for (ours
     and the room the others leave; inf when it looked idle), `full_tokens` its whole
-    budget, and `draw`, this scrape's uniform draw in [0, 1) (the dispatcher's overdraft:
-    a request past the remaining claim r goes when draw * cost < r, core/dispatcher.py)."""
+    budget, `draw`, this scrape's uniform draw in [0, 1) (the dispatcher's overdraft:
+    a request past the remaining claim r goes when draw * cost < r, core/dispatcher.py),
+    and `footprint_tokens`, a typical request's (what the draws' spread is kept for)."""
 
     draw: float
     room_tokens: float
     full_tokens: float
     floor_tokens: float = 0.0
     first_free: bool = False  # it looked idle and we know nothing of the fleet yet
+    footprint_tokens: float = 0.0  # 0: not known yet
 
 
 class Limiter(Protocol):

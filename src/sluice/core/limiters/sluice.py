@@ -492,7 +492,9 @@ class SluiceLimiter(LimiterBase):
         idle = on_backend <= 0 and m.kv_usage <= 0
         room_tokens = math.inf if idle else own + room
         first = idle and self.fleet_fresh
-        return claim, SharedRoom(self._fleet_rng.random(), room_tokens, full, floor, first)
+        return claim, SharedRoom(
+            self._fleet_rng.random(), room_tokens, full, floor, first, per_request
+        )
 
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
