@@ -328,8 +328,8 @@ class Dispatcher:
                 continue
             if self.peers_known and not b.scraped:
                 continue  # shared, and its room unknown until our first scrape of it
-            if b.kv_peak_stale:
-                self._project(b)
+            if b.kv_peak_stale and b.kv_shared is None and b.kv_budget is not None:
+                self._project(b)  # only a lone backend's budget counts the projection
             if not _kv_fits(b, rec.cost, share, full_rights):
                 continue
             if not _prefill_fits(b, rec.prompt_est):
