@@ -38,7 +38,7 @@ def rows(merged: dict[tuple[str, int], dict[str, Any]]) -> list[list[str]]:
     for (scenario, seed), arms in sorted(merged.items()):
         oracle = arms.get("oracle", {}).get("goodput_tokens_per_s")
         direct = arms.get("direct", {}).get("goodput_tokens_per_s")
-        for name in ("sluice", "slo"):
+        for name in ("sluice", "slo", "tpot-target"):
             a = arms.get(name)
             if a is None:
                 continue

@@ -247,9 +247,9 @@ class Feature(_Model):
 class LimiterPolicy(_Model):
     """Adaptive concurrency per backend (see docs/limiter.md for the algorithms)."""
 
-    # `slo`: `sluice` steered by the classes' objectives (queues[].slo) instead of a
-    # fixed TPOT target.
-    algorithm: Literal["sluice", "slo", "vegas-seed", "gradient", "fixed"] = "sluice"
+    # `slo` (the default): steered by the classes' objectives (queues[].slo); `sluice`:
+    # the same rules with a fixed TPOT target instead (the default before issue 19).
+    algorithm: Literal["sluice", "slo", "vegas-seed", "gradient", "fixed"] = "slo"
     min_limit: int = Field(default=1, ge=1)
     max_limit: int = Field(default=256, ge=1)
     initial_limit: int = Field(default=8, ge=1)

@@ -129,6 +129,27 @@ def test_returns_of_different_classes_are_not_told_the_same_instant() -> None:
     assert all(sum(1 for d in dues if t <= d < t + 0.1) <= 2 for t in dues)
 
 
+def test_returns_spread_over_their_windows_stay_under_the_cap() -> None:
+    # a client comes back anywhere in [due, due + window]: any 100 ms may catch the
+    # dues of 100 ms + window, so the cap counts that span (it counted 100 ms alone, and
+    # two classes' returns, each at its own pace, landed 3 in a 100 ms capped at 2)
+    led = ledger(peak_s=0.1, due_bin_s=0.02, return_share=1.0)
+    spans = []
+    for p in (1, 2, 1, 2, 1, 2, 1, 2, 1, 2):
+        b = led.offer(p, 0.0, rate=20.0, ahead=0.0, tenant="t", capacity=20.0).booking
+        assert b is not None
+        spans.append((b.due, b.due + b.window))
+    starts = [d for d, _ in spans] + [e for _, e in spans]
+    worst = max(sum(1 for d, e in spans if d < t + 0.1 and e >= t) for t in starts)
+    assert worst <= 2
+
+
+def test_a_due_on_a_bin_edge_counts_in_that_bin() -> None:
+    # 67.6 / 0.02 is 3379.9999...: the due placed at bin 3380's start is counted there
+    led = ledger(peak_s=0.1, due_bin_s=0.02, return_share=1.0)
+    assert led._due_bin(3380 * 0.02) == 3380
+
+
 # -- the returns lane -------------------------------------------------------------------
 
 

@@ -38,12 +38,15 @@ RETRY_AFTER_ARMS: dict[str, dict[str, Any]] = {
     "ra-60s": {"rule": "fixed", "fixedSeconds": 60},
     "ra-1s": {"rule": "fixed", "fixedSeconds": 1},
 }
+# the limiter that was the default before issue 19 (a fixed TPOT target), to compare with
+TPOT_TARGET = "tpot-target"
 ARMS = (
     "direct",
     "static",
     "fifo",
     "sluice",
     "slo",
+    TPOT_TARGET,
     "oracle",
     ONE_GATEWAY,
     *PEER_ARMS,
@@ -151,6 +154,8 @@ def arm_spec(
         return ArmSpec(name, sluice_policy(scenario, max_limit))
     if name == "slo":
         return ArmSpec("slo", sluice_policy(scenario, max_limit, algorithm="slo"))
+    if name == TPOT_TARGET:
+        return ArmSpec(name, sluice_policy(scenario, max_limit, algorithm="sluice"))
     if name in RETRY_AFTER_ARMS:
         return ArmSpec(name, sluice_policy(scenario, max_limit, RETRY_AFTER_ARMS[name]))
     if name == "oracle":

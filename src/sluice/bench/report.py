@@ -15,6 +15,7 @@ ARM_COLOURS = {
     "fifo": "tab:purple",
     "sluice": "tab:blue",
     "slo": "navy",
+    "tpot-target": "slateblue",
     "oracle": "tab:green",
     "gie": "tab:brown",
     "gie-flow": "tab:pink",

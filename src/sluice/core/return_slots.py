@@ -81,7 +81,7 @@ class ReturnLedger:
         show_alpha: float = 0.05,
         min_weight: float = 0.5,
         min_due_s: float = 0.1,
-        due_bin_s: float = 0.02,
+        due_bin_s: float = 0.01,
         peak_s: float = 0.1,
         return_share: float = 1.0,
         id_prefix: str = "",
@@ -205,15 +205,15 @@ class ReturnLedger:
         # one spacing: the returns stay spread even where the lead runs into the present
         due = max(now + self.min_due_s, slot - lead_s, self._last_due[priority] + spacing)
         due = min(due, slot)
+        window = min(self.max_window_s, self.window_share * spacing)
         if capacity > 0.0:
-            due = self._quiet_from(due, capacity)
+            due = self._quiet_from(due, capacity, window)
         if due > now + self.horizon_s:
             return Offer(None, None)
         if not book or (not_after is not None and slot > not_after):
             return Offer(slot, None, due)
         self._v[priority] = slot
         self._last_due[priority] = due
-        window = min(self.max_window_s, self.window_share * spacing)
         self._seq += 1
         booking = Booking(
             id=f"{self._prefix}{self._seq}",
@@ -228,7 +228,7 @@ class ReturnLedger:
         )
         for i, room in taken:
             self._bin(i)[priority] += room
-        k = math.floor(due / self.due_bin_s)
+        k = self._due_bin(due)
         self._dues[k] = self._dues.get(k, 0) + 1
         self._bookings[booking.id] = booking
         heapq.heappush(self._expiry, (booking.expires, booking.id))
@@ -256,17 +256,24 @@ class ReturnLedger:
                 hi = mid
         return hi
 
-    def _quiet_from(self, t: float, capacity: float) -> float:
-        """The first time from t whose 100 ms (centred) has fewer returns due, of all
-        classes, than `return_share` x `capacity` allows: returns of different classes,
-        each spread at its own pace, are not told to come back together either."""
+    def _due_bin(self, t: float) -> int:
+        """The due bin of time t; a bin's own start (i * w in floating point, which can fall
+        a hair short of i) is in bin i, as `_quiet_from` places it."""
+        return math.floor(t / self.due_bin_s + 1e-9)
+
+    def _quiet_from(self, t: float, capacity: float, window: float) -> float:
+        """The first time from t whose neighbourhood has fewer returns due, of all classes,
+        than `return_share` x `capacity` allows per `peak_s`: returns of different classes,
+        each spread at its own pace, are not told to come back together either. A client
+        comes back within `window` after its due time, so any `peak_s` of returns can hold
+        the dues of `peak_s + window`: that is the span counted."""
         w = self.due_bin_s
         per_window = max(1.0, self.return_share * capacity * self.peak_s)
-        # bins a window of peak_s can touch (one more than it spans: it need not start on a
-        # bin's edge)
-        span = max(1, round(self.peak_s / w)) + 1
+        # bins a span of peak_s + window can touch (one more than it covers: it need not
+        # start on a bin's edge)
+        span = max(1, math.ceil((self.peak_s + window) / w - 1e-9)) + 1
         dues = self._dues
-        i = math.floor(t / w)
+        i = self._due_bin(t)
         limit = i + round(self.horizon_s / w)
         while i < limit:
             counts = [dues.get(j, 0) for j in range(i - span + 1, i + span)]
