@@ -284,6 +284,21 @@ def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None
     assert q.hand_back(60.0) == {}  # used nothing since, and the levels are full again
 
 
+def test_back_from_a_loss_the_share_checks_too_while_others_may_still_be_local() -> None:
+    q = _lost(0.5, 600.0)  # half the quota: 330 of the 660 left at 3 s, 10 tokens/s
+    assert q.acquire("m", 300, 3.0).ok
+    assert q.hand_back(4.0)["m"].tokens_used == 300
+    q.handed_back(4.0, hold_s=1.75)
+    q._circuit.success()  # Redis has been told: shared again
+    # held: what Redis admits is checked against the share too, 30 + 10 tokens left now
+    assert not q.acquire("m", 41, 4.0).ok
+    assert q.acquire("m", 40, 4.0).ok
+    q.settle("m", -20, 4.5)  # it used 20: the share gets them back, Redis had it charged
+    assert q.hand_back(5.0).get("m", HandBack(0, 0, 0, 0)).tokens_used == 0
+    assert not q.acquire("m", 100, 5.7).ok
+    assert q.acquire("m", 100, 5.75).ok  # the hold is over: Redis's answer alone
+
+
 def test_requests_running_at_the_loss_hold_their_slots_until_they_end() -> None:
     circuit = QuotaCircuit(FakeClock())
     q = FailoverQuotas(InProcessQuotas(), circuit)
@@ -514,6 +529,9 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
     # 1 request and 250 tokens used locally; levels last seen 1000 + 1 s x 20 tokens
     assert redis.named("resume") == [(60, 1200, 1.0, 250.0, 60.0, 1020.0)]
     assert mode_at_resume == ["local"]  # requests go to Redis only once it knows
+    # and for as long as another process may take to hand back, the share checks too
+    assert gate.hold_after_return_s == 1.0 + 0.25 + PROBE_TIMEOUT_S
+    assert q.hold_until == clock.now() + gate.hold_after_return_s
     await gate.stop()
 
 

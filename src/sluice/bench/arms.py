@@ -59,15 +59,23 @@ FIFO_TIMEOUT_S = max(q.timeout for q in DEFAULT_QUEUES)
 
 
 def _tenants(scenario: Scenario) -> list[dict[str, Any]]:
-    return [
-        {
+    out = []
+    for t in scenario.spec.tenants:
+        tenant: dict[str, Any] = {
             "name": t.name,
             "apiKeys": [f"sk-bench-{t.name}"],
             "priority": t.priority,
             "weight": t.weight,
         }
-        for t in scenario.spec.tenants
-    ]
+        for key, value in (
+            ("tokensPerMinute", t.tokens_per_minute),
+            ("requestsPerMinute", t.requests_per_minute),
+            ("maxConcurrency", t.max_concurrency),
+        ):
+            if value:
+                tenant[key] = value
+        out.append(tenant)
+    return out
 
 
 def _queues(scenario: Scenario) -> list[dict[str, Any]]:

@@ -17,6 +17,11 @@ Kubernetes runs Sluice as a Deployment behind a Service (deploy/k8s/deployment.y
   * With `known_peers`, each replica knows how many replicas are live (Redis's count of
     the gateway processes sharing the quotas), so its fleet share is 1/N
     (core/fleet_share.py); without it, each estimates its share from the scrapes.
+  * With `quota_store` (`bench.quota_store.StoreSpec`), the tenants' quotas are shared
+    through one store (Redis) with a round trip per call, lost and back as it says; each
+    replica charges it as `sluice serve` does and goes local while it is lost
+    (`bench.fleet_quotas`). Without it, each replica holds every quota on its own (the
+    in-process quotas of a `sluice serve` without `redis:`).
   * A rolling update (`RollingRestart`, maxSurge 1 / maxUnavailable 0 as the manifest
     says) replaces the replicas one after another, `every` seconds: the new one starts
     cold (fresh limiters and queues) and takes traffic at once (ready when a backend is
@@ -37,11 +42,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sluice.bench.noise import Jitter
+from sluice.bench.quota_store import Outage, StoreSpec
 from sluice.core.clock import FakeClock
 
 if TYPE_CHECKING:
     from sluice.bench.harness import ArmRun, ArmSpec
-    from sluice.bench.scenario import FleetSection
+    from sluice.bench.scenario import FleetSection, QuotaStoreSection
 
 BALANCES = ("round-robin", "random", "least-connections")
 
@@ -73,6 +79,7 @@ class FleetSpec:
     clock_skew_s: float = 0.0
     restart: RollingRestart | None = None
     known_peers: bool = False  # each replica is told the live count (Redis's)
+    quota_store: StoreSpec | None = None  # tenant quotas shared through Redis
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCES:
@@ -142,11 +149,14 @@ def fleet_arm(
     lag = section.scrape_lag
     restart = section.rolling_restart
     one = arm.name == ONE_GATEWAY
+    store = section.quota_store
     spec = FleetSpec(
         balance=balance or section.balance,
         scrape_lag=Jitter(lag.p50, lag.p99) if lag is not None else None,
         clock_skew_s=section.clock_skew,
         known_peers=section.known_peers and not one,
+        # one gateway holds the quotas in process: exact, never lost
+        quota_store=None if store is None or one else store_spec(store),
         restart=None
         if restart is None or one
         else RollingRestart(
@@ -162,6 +172,18 @@ def fleet_arm(
         replicas=1 if one else (replicas or section.replicas),
         scrape_interval_s=scrape_interval_s or section.scrape_interval or arm.scrape_interval_s,
         fleet=spec,
+    )
+
+
+def store_spec(section: QuotaStoreSection) -> StoreSpec:
+    """The scenario's `fleet.quotaStore` as the store's spec."""
+    rt = section.round_trip
+    return StoreSpec(
+        round_trip_s=rt.p50,
+        round_trip=Jitter(rt.p50, rt.p99) if rt.p99 > rt.p50 else None,
+        outages=tuple(
+            Outage(o.at, o.back, failure=o.failure, wiped=o.wiped) for o in section.outages
+        ),
     )
 
 

@@ -27,7 +27,10 @@ answer is in, and the next round starts an interval after that), a rolling resta
 (replicas replaced one by one, each old one draining as `sluice serve` does). Each
 replica probes health on its own. The series' `limit` of a backend is the sum
 of the live replicas' limits, `pressure` their mean; the TTFT and TPOT p95 of a scrape go
-to the first replica only (no limiter reads them).
+to the first replica only (no limiter reads them). With a quota store (`FleetSpec.
+quota_store`) the replicas share the tenants' quotas through a modelled Redis
+(`bench.fleet_quotas`): an attempt of a tenant with a quota is checked there before its
+`arrive`, the answer coming back as a `_CALL` event.
 
 With an `engine` (sluice.bench.engine_view), each backend presents that engine's surface:
 scrapes read its metrics pages through the gateway's adapter for that engine, and the
@@ -46,6 +49,7 @@ from typing import Any
 from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.engine_view import EngineView
 from sluice.bench.fleet import Balancer, FleetSpec, ReplicaClock
+from sluice.bench.fleet_quotas import FleetQuotas
 from sluice.bench.noise import Jitter
 from sluice.bench.returns import CANNOT_SERVE_IN_TIME, note_refusal
 from sluice.bench.scenario import CLASSES, Retry, Scenario
@@ -80,6 +84,7 @@ _PHASE = 7
 _DELIVER = 8  # a step's tokens reach the gateway (with latency noise: `bench.noise`)
 _SCRAPED = 9  # a replica's scrape round is in (with a scrape lag: `bench.fleet`)
 _FLEET = 10  # a replica starts, leaves the Service, gets SIGTERM or is cut off
+_CALL = 11  # a call of the shared quotas (`bench.fleet_quotas`) runs: payload(t)
 
 # request outcomes
 OK = "ok"  # finished
@@ -232,6 +237,8 @@ class ArmRun:
     # per gateway replica (replacements included): when it started, its arrivals, its
     # rolling-restart steps and what was open or cut at each (`bench.fleet`)
     replicas: list[dict[str, Any]] = field(default_factory=list)
+    # the tenant quotas the replicas shared through a store (`bench.fleet_quotas`)
+    quotas: FleetQuotas | None = None
     dispatch_log: list[tuple[float, int]] = field(default_factory=list)  # (time, class)
     reserved_p0: float = 0.0  # the arm's P0 reservation (for the unused capacity)
 
@@ -420,6 +427,11 @@ class _Run:
         self.scrape_rng: list[Any] = []
         self.gw_stats: list[dict[str, Any]] = []
         self.ready: list[int] = []  # the replicas the Service sends to
+        # tenant quotas shared through a store (Redis) by the replicas: `bench.fleet_quotas`
+        self.quotas: FleetQuotas | None = None
+        if self.fleet.quota_store is not None and arm.policy is not None and arm.gateway is None:
+            tenants = arm.policy.core_settings().tenants
+            self.quotas = FleetQuotas(self.fleet.quota_store, tenants, self.clock, self._call, seed)
         self.peak_running = [0] * n  # the most requests each engine ran in one step
         self.peak_running_at = [0.0] * n
         if arm.gateway is not None:
@@ -460,7 +472,10 @@ class _Run:
         if skew > 0:
             offset = random.Random(f"{self.seed}/clock/{k}").uniform(-skew, skew)
         clock = ReplicaClock(self.clock, offset)
-        ctrl = Controller(policy.core_settings(), clock, self.names, **kwargs)
+        if self.quotas is not None:
+            ctrl = self.quotas.controller(k, t, policy.core_settings(), clock, self.names, kwargs)
+        else:
+            ctrl = Controller(policy.core_settings(), clock, self.names, **kwargs)
         for name in self.names:
             ctrl.set_backend_models(name, [MODEL])
             ctrl.set_backend_health(name, True)
@@ -543,6 +558,8 @@ class _Run:
         stats = self.gw_stats[k]
         stats["exited_at"] = t
         self._tell_peers()
+        if self.quotas is not None:
+            self.quotas.replica_exits(t, k)
         lost = {"queued": 0, "inflight": 0}
         if cut:
             for r in [r for r in self.by_aid.values() if r.gw == k and r.conn == k]:
@@ -579,6 +596,9 @@ class _Run:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, payload))
 
+    def _call(self, t: float, fn: Callable[[float], None]) -> None:
+        self.push(t, _CALL, fn)
+
     def _read_limits(self) -> list[float]:
         """Per backend, the sum of the live replicas' limits."""
         if not self.ctrls:
@@ -610,6 +630,8 @@ class _Run:
         if restart is not None and self.ctrls and self.arm.gateway is None:
             for k in range(self.replicas):
                 self.push(restart.at + k * restart.every, _FLEET, ("replace", k))
+        if self.quotas is not None:
+            self.quotas.start()
         heap = self.heap
         pop = heapq.heappop
         progress_every = 2000
@@ -645,6 +667,8 @@ class _Run:
                 self._scraped(t, *payload)
             elif kind == _FLEET:
                 self._fleet_event(t, *payload)
+            elif kind == _CALL:
+                payload(t)
             elif kind == _PHASE:
                 assert self.ctrls and self.arm.phase_policies is not None
                 settings = self.arm.phase_policies[payload].core_settings()
@@ -695,6 +719,33 @@ class _Run:
         r.booking = None
         r.gw = gw
         self.gw_stats[gw]["arrivals"] += 1
+        quotas = self.quotas
+        if quotas is not None and quotas.check(
+            t, gw, info, lambda ta, refusal: self._checked(ta, t, r, gw, info, refusal)
+        ):
+            return  # the shared quota's answer comes back later
+        self._admit(t, t, r, gw, info)
+
+    def _checked(
+        self,
+        t: float,
+        sent: float,
+        r: ReqState,
+        gw: int,
+        info: RequestInfo,
+        refusal: tuple[str, float] | None,
+    ) -> None:
+        """The shared quota's answer to an attempt sent at `sent` is back."""
+        if not self.running_gw[gw]:
+            self._retry_or_end(t, r, FAILED, None)  # its replica is gone: connection closed
+        elif refusal is not None:
+            self._rejected(t, r, *refusal)
+        else:
+            self._admit(t, sent, r, gw, info)
+
+    def _admit(self, t: float, sent: float, r: ReqState, gw: int, info: RequestInfo) -> None:
+        """Replica `gw`'s Controller takes the attempt (sent by its client at `sent`)."""
+        spec = r.spec
         adm = self.ctrls[gw].arrive(info)
         if not adm.admitted:
             assert adm.code is not None
@@ -707,7 +758,7 @@ class _Run:
             self.by_aid[r.aid] = r
             self.queued_by_class[spec.priority] += 1
             if spec.deadline is not None:
-                self.push(t + spec.deadline, _GIVE_UP, (r, r.attempt))
+                self.push(sent + spec.deadline, _GIVE_UP, (r, r.attempt))
         self._pump(t, gw)
 
     def _rejected(
@@ -1257,6 +1308,7 @@ def run_arm(
         peak_running=run.peak_running,
         peak_running_at=run.peak_running_at,
         replicas=run.replica_report(),
+        quotas=run.quotas,
         dispatch_log=run.dispatch_log,
         reserved_p0=0.0 if arm.policy is None else arm.policy.dispatcher.reserved.p0,
     )

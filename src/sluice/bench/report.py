@@ -531,6 +531,10 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
         from sluice.bench.fleet_sweep import plot_sweep
 
         files.append(plot_sweep(results["fleet_sweep"], out))
+    from sluice.bench.quota_figures import plot as plot_quotas
+
+    if (name := plot_quotas(results, out)) is not None:
+        files.append(name)
     return files
 
 
@@ -652,6 +656,11 @@ def write_report(results: dict[str, Any], out: Path, plots: list[str]) -> Path:
         ]
     head, rows = class_rows(results)
     lines += ["## Per class", "", _md_table(head, rows), ""]
+    for name, a in results["arms"].items():
+        if a.get("quotas"):
+            from sluice.bench.quota_figures import report_lines
+
+            lines += report_lines(name, a["quotas"])
     head, rows = retry_after_rows(results)
     if rows:
         lines += [

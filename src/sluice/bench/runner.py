@@ -17,6 +17,7 @@ from sluice.bench.harness import ArmRun, ArmSpec, run_arm
 from sluice.bench.metrics import arm_results
 from sluice.bench.noise import Jitter
 from sluice.bench.objectives import objective_series
+from sluice.bench.quota_figures import quota_results
 from sluice.bench.replay import plan_trace
 from sluice.bench.scenario import Scenario
 from sluice.bench.workload import ClientRequest, generate
@@ -323,6 +324,8 @@ def run_virtual(
         res["series"]["objectives"] = objective_series(run, scenario.duration + scenario.spec.drain)
         if spec.policy is not None and spec.gateway is None:
             res["fleet"] = fleet_results(run, spec)
+        if run.quotas is not None:
+            res["quotas"] = quota_results(run.quotas, scenario.duration)
         if a in ("static", "litellm"):
             res["cap"] = cap or plan.sweet_spots[0]
         if a == "oracle":

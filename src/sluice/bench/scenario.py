@@ -11,6 +11,7 @@ every field."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from importlib import resources
 from pathlib import Path
@@ -143,6 +144,10 @@ class TenantSpec(_Model):
     weight: float = Field(default=1.0, gt=0)
     # Its part of its class's traffic, relative to the other tenants of the class.
     share: float = Field(default=1.0, gt=0)
+    # Its quotas in the gateway arms' policies (0: none), as the policy's tenants have them
+    tokens_per_minute: int = Field(default=0, ge=0)
+    requests_per_minute: int = Field(default=0, ge=0)
+    max_concurrency: int = Field(default=0, ge=0)
 
 
 DEFAULT_TENANTS: tuple[TenantSpec, ...] = (
@@ -285,6 +290,37 @@ class FleetSweepSpec(_Model):
     scrape_intervals: tuple[Duration, ...] = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
+class OutageSpec(_Model):
+    """The quota store cannot be reached from `at` to `back` (`bench.quota_store.Outage`)."""
+
+    at: Duration = Field(ge=0)
+    back: Duration = Field(gt=0)
+    failure: Literal["refused", "timeout"] = "refused"  # how a call fails meanwhile
+    wiped: bool = False  # it comes back empty (a restart without persistence)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OutageSpec:
+        if self.back <= self.at:
+            raise ValueError("`back` must be after `at`")
+        return self
+
+
+class QuotaStoreSection(_Model):
+    """Tenant quotas shared by the replicas through one store, Redis (`bench.fleet_quotas`)."""
+
+    round_trip: LagSpec = LagSpec(p50=0.001, p99=0.001)  # each call's, lognormal
+    outages: tuple[OutageSpec, ...] = ()
+
+    @model_validator(mode="after")
+    def _apart(self) -> QuotaStoreSection:
+        if self.round_trip.p99 < self.round_trip.p50:
+            raise ValueError("roundTrip: p99 must be at least p50")
+        spans = sorted((o.at, o.back) for o in self.outages)
+        if any(b[0] < a[1] for a, b in itertools.pairwise(spans)):
+            raise ValueError("outages must not overlap")
+        return self
+
+
 class FleetSection(_Model):
     """The gateway arms as a fleet of replicas (`bench.fleet`; docs/bench.md "Fleets")."""
 
@@ -297,6 +333,8 @@ class FleetSection(_Model):
     known_peers: bool = False
     rolling_restart: RollingRestartSpec | None = None
     sweep: FleetSweepSpec = FleetSweepSpec()
+    # tenant quotas shared through Redis (lost and back); None: each replica its own
+    quota_store: QuotaStoreSection | None = None
 
 
 class RealMode(_Model):

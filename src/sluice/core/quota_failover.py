@@ -13,11 +13,15 @@ process the tenant's bucket levels and this process's part of the tenant's recen
 (with `SHARE_FLOOR` of it spread evenly over the live processes), starting from that part
 of the levels last seen: what the tenant used in the current minute still counts. When
 the store is back, each process charges it what it admitted on its own meanwhile
-(`HandBack`), restoring first the levels it last saw if the store lost them (a restart).
+(`HandBack`), restoring first the levels it last saw if the store lost them (a restart),
+and keeps its share as a second check for as long as the other processes may still be
+local (`handed_back`'s `hold_s`): until they have handed back too, the store does not
+count what they admitted, and a process back first would admit against it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -164,6 +168,7 @@ class FailoverQuotas:
         self._taken: set[str] = set()  # tenants given a local share since the last loss
         self._used: dict[str, list[float]] = {}  # per tenant while local: requests, tokens
         self.processes = 1
+        self.hold_until = -math.inf  # back from a loss: the local share checks too until then
 
     def set_limits(self, tenants: Iterable[TenantLimits], now: float = 0.0) -> None:
         self._tenants = {t.name: t for t in tenants}
@@ -254,8 +259,14 @@ class FailoverQuotas:
                 )
         return out
 
-    def handed_back(self) -> None:
+    def handed_back(self, now: float = 0.0, hold_s: float = 0.0) -> None:
+        """Redis has been told what `hand_back` said. For `hold_s` more, every request
+        Redis admits is also checked against this process's share (as while Redis was
+        lost, without counting it for Redis again): the processes still local have not
+        handed back yet, and until they have, Redis lets through what they used. The
+        shell holds for as long as another process's next probe may take."""
         self._used = {}
+        self.hold_until = now + hold_s
 
     def _use(self, tenant: str, requests: float, tokens: float) -> None:
         if self._circuit.shared:
@@ -270,12 +281,12 @@ class FailoverQuotas:
         return self.local.charge_for(tenant, tokens)
 
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision:
-        if self._circuit.shared:
+        if self._circuit.shared and now >= self.hold_until:
             return ADMITTED
         decision = self.local.acquire(tenant, tokens, now)
         if decision.ok:
             self._local_open[tenant] = self._local_open.get(tenant, 0) + 1
-            self._use(tenant, 1, tokens)
+            self._use(tenant, 1, tokens)  # nothing while holding: Redis charged it
         return decision
 
     def _leave(self, tenant: str) -> bool:

@@ -226,6 +226,9 @@ class SharedQuotaGate:
         self.call_timeout_s = call_timeout_s
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
+        # back from a loss, how long another process may still be local: its next probe
+        # is due within reprobe_s, seen within a turn of its loop, done within its timeout
+        self.hold_after_return_s = reprobe_s + min(reprobe_s, heartbeat_s) / 4 + PROBE_TIMEOUT_S
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s)
         self._limits: dict[str, TenantLimits] = {}
@@ -490,7 +493,9 @@ class SharedQuotaGate:
     async def _hand_back(self) -> None:
         """Redis answers again: charge it, before any request goes to it, what this
         process admitted on its own meanwhile (restoring first the levels last seen, for
-        a Redis that lost them), so that the loss does not hand out a quota twice."""
+        a Redis that lost them), so that the loss does not hand out a quota twice; then
+        hold this process's share as a second check while the other processes may still
+        be local (FailoverQuotas.handed_back)."""
         quotas = self.controller_quotas
         owed = quotas.hand_back(self._clock.now())
         calls = []
@@ -508,7 +513,7 @@ class SharedQuotaGate:
             )
             calls.append(self._resume(keys=self._tenant_keys(name)[:1], args=args))
         await asyncio.gather(*calls)
-        quotas.handed_back()
+        quotas.handed_back(self._clock.now(), self.hold_after_return_s)
 
     async def _beat(self) -> None:
         """Say this process is alive and learn how many are; refresh the sights of the
