@@ -449,8 +449,12 @@ class SluiceLimiter(LimiterBase):
                 reason = "preemption"
             self._preemptions_seen = m.preemptions_total
         self._waiting_before = waiting
+        # Alone on the backend only: shared, the requests it runs are not all ours, and a
+        # slow first token may be the other replicas' batch (`sluice bench fleet`: with
+        # the rule there too, a preemption).
         self._engine_keeps_up = (
-            m.waiting is not None
+            self._shared is None
+            and m.waiting is not None
             and not waiting
             and not reason
             and (m.kv_usage is None or m.kv_usage < self.kv_low)
