@@ -16,7 +16,7 @@ from sluice.bench.quota_store import Outage, QuotaStore
 from sluice.core.clock import FakeClock
 from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
-from sluice.gateway.shared_quota import FLUSH_S, PROBE_TIMEOUT_S
+from sluice.gateway.shared_quota import FLUSH_S, PROBE_TIMEOUT_S, STALL_S
 
 RTT = 0.002
 TENANT = TenantLimits(name="t", tokens_per_minute=600, requests_per_minute=60)
@@ -116,22 +116,22 @@ def test_a_refused_store_goes_local_at_once_and_is_handed_back_then_held() -> No
     assert quotas.acquire("t", 400, loop.clock.now()).ok  # Redis alone again
 
 
-def test_a_hanging_store_times_out_calls_then_a_failed_probe_goes_local() -> None:
+def test_a_hanging_store_stalls_the_checks_out_then_they_are_checked_locally() -> None:
     loop = Loop()
     store = QuotaStore(round_trip_s=RTT, outages=[Outage(5.0, 60.0, failure="timeout")])
     gate = _gate(loop, store)
     gate.start(0.0)
     loop.run(5.0)
     answers = [_check(loop, gate, 10) for _ in range(3)]
-    loop.run(5.999)
-    assert all(a == [] for a in answers)
-    loop.run(6.0)  # the call timeout: unchecked, still shared, a probe due
-    assert all(a[0][1].ok and not a[0][1].shared for a in answers)
-    assert gate.mode == "redis"
-    loop.run(6.0 + PROBE_TIMEOUT_S - 0.001)
-    assert gate.mode == "redis"
-    loop.run(6.0 + PROBE_TIMEOUT_S)
-    assert gate.mode == "local"
+    loop.run(5.0 + STALL_S - 0.001)
+    assert all(a == [] for a in answers) and gate.mode == "redis"
+    loop.run(5.0 + STALL_S)  # none answered for STALL_S: local, every check goes on
+    checks = [(t, k.ok, k.shared) for a in answers for t, k in a]
+    assert checks == [(5.0 + STALL_S, True, False)] * 3
+    assert gate.mode == "local" and not gate.circuit.confirmed
+    assert gate.controller_quotas.acquire("t", 10, loop.clock.now()).ok  # charged locally
+    loop.run(5.0 + STALL_S + PROBE_TIMEOUT_S)  # the probe, at once, got no answer either
+    assert gate.circuit.confirmed
 
 
 def test_the_heartbeat_counts_the_live_processes_and_a_stopped_one_leaves() -> None:

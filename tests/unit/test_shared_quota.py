@@ -27,7 +27,7 @@ from sluice.gateway.shared_quota import (
     PROCESSES_LUA,
     RESUME_LUA,
     SIGHT_LUA,
-    TIMEOUTS_TO_SUSPECT,
+    STALL_S,
     FailoverQuotas,
     HandBack,
     QuotaCircuit,
@@ -157,25 +157,59 @@ def test_a_refused_connection_goes_local_at_once_and_is_probed_every_second() ->
     assert c.success() is False
 
 
-def test_timeouts_alone_never_go_local_they_call_for_a_probe() -> None:
+def test_a_timeout_goes_local_at_once_and_a_probe_decides() -> None:
+    """Before, timeouts alone never went local: three in a row called for a probe, and
+    only a failed one went local; every request meanwhile waited for its own timeout."""
     clock = FakeClock()
-    c = QuotaCircuit(clock, timeouts_to_suspect=3)
-    assert c.failure(timeout=True) is False
-    assert c.failure(timeout=True) is False
-    c.success()  # an answer in between starts the count again
-    assert c.failure(timeout=True) is False
-    assert c.failure(timeout=True) is False
-    assert not c.probe_due()
-    assert c.failure(timeout=True) is False
-    assert c.shared and c.probe_due()  # a starved event loop must not fake an outage
-    assert c.success() is False  # the probe answered: still shared, nothing due
-    assert c.shared and not c.probe_due()
-    for _ in range(3):
-        c.failure(timeout=True)
-    assert c.probe_failed() is True  # the probe got no answer either: local
-    assert not c.shared and not c.probe_due()
+    c = QuotaCircuit(clock, reprobe_s=1.0)
+    first, second = c.sent(), c.sent()
+    assert c.failed(first, timeout=True) is True
+    assert not c.shared and not c.confirmed  # only suspect: requests are checked locally
+    assert c.probe_due()  # at once
+    assert c.failed(second, timeout=True) is False  # sent before the change: once only
+    assert c.probe_failed() is True  # the probe got no answer either: an outage, logged
+    assert not c.probe_due() and c.probe_failed() is False
     clock.advance(1.0)
     assert c.probe_due()
+    # a starved event loop, not Redis: the probe answers and quotas are shared again
+    starved = QuotaCircuit(clock)
+    assert starved.failed(starved.sent(), timeout=True) is True
+    assert starved.probe_due() and starved.probe_answered() is True
+    assert starved.shared and not starved.probe_due()
+
+
+def test_calls_out_with_none_answered_for_the_stall_time_go_local() -> None:
+    clock = FakeClock()
+    c = QuotaCircuit(clock, stall_s=0.25)
+    assert c.stall_at() is None
+    a = c.sent()
+    assert c.stall_at() == 0.25
+    clock.advance(0.125)
+    b = c.sent()  # the stall counts from the last answer, not from each call
+    assert c.stall_at() == 0.25
+    clock.advance(0.125)
+    c.answered(a)
+    assert c.stall_at() == 0.5
+    clock.advance(0.125)
+    assert c.stalled() is False and c.shared
+    clock.advance(0.125)
+    assert c.stalled() is True  # b is out, nothing answered for 0.25 s
+    assert not c.shared and not c.confirmed and c.probe_due()
+    assert c.stall_at() is None and c.stalled() is False
+    c.answered(b)  # an answer to a call sent before the loss does not end it
+    assert not c.shared
+
+
+def test_answers_and_failures_from_before_a_change_do_not_count() -> None:
+    c = QuotaCircuit(FakeClock())
+    before_loss = c.sent()
+    assert c.failure(timeout=False) is True  # refused
+    c.answered(before_loss)  # answered late: only the hand-back may end the loss
+    assert not c.shared
+    while_local = c.sent()  # a give-back flushed as the loss began
+    assert c.probe_answered() is True
+    assert c.failed(while_local, timeout=True) is False  # it timed out after the return
+    assert c.shared
 
 
 # -- the core's failover quotas -------------------------------------------------------------
@@ -401,31 +435,63 @@ async def test_redis_down_goes_local_once_and_requests_stop_trying_it() -> None:
     await gate.stop()
 
 
-async def test_a_hanging_redis_costs_a_request_the_call_timeout_until_a_probe_fails() -> None:
+async def test_a_hanging_redis_costs_the_first_requests_a_stall_then_none() -> None:
+    """Before: each request waited the call's timeout (1 s) and went on unchecked, until
+    three timeouts and a failed probe made the process local."""
     redis = FakeRedis()
-    gate, modes, errors = make_gate(MonotonicClock(), redis)
+    gate, modes, _ = make_gate(MonotonicClock(), redis)
     await gate.start()
-    await settle()
+    await settle()  # its first heartbeat: 1 process, no sight
     hang = asyncio.Event()
-    redis.answer = lambda name, args: hang.wait()
+
+    async def hung() -> Any:
+        await hang.wait()
+        return [1, b"0", *NO_SIGHT]
+
+    redis.answer = lambda name, args: hung()
     redis.ping_hangs = True
     loop = asyncio.get_running_loop()
     started = loop.time()
-    while gate.mode == "redis":
-        t0 = loop.time()
-        t = await gate.acquire("capped", 100)
-        assert t.ok and not t.shared  # fail open, one request at a time
-        assert loop.time() - t0 < CALL_TIMEOUT_S + 0.2  # slack for a loaded machine
-        within = TIMEOUTS_TO_SUSPECT * CALL_TIMEOUT_S + PROBE_TIMEOUT_S + 1.0
-        assert loop.time() - started < within, "never went local"
-    # three timeouts called for a probe; its PING hung too: local
-    assert loop.time() - started >= PROBE_TIMEOUT_S
-    assert modes == ["redis", "local"]
-    assert set(errors) == {"timeout"}
+    tickets = await asyncio.gather(*(gate.acquire("capped", 100) for _ in range(5)))
+    waited = loop.time() - started
+    assert all(t.ok and not t.shared for t in tickets)
+    assert STALL_S <= waited < CALL_TIMEOUT_S  # together, the stall time: not a timeout each
+    assert gate.mode == "local" and modes == ["redis", "local"]
+    # checked against this process's share, not let through: its 2 slots (of 1 process)
+    q = gate.controller_quotas
+    now = gate._clock.now()
+    assert q.acquire("capped", 100, now).ok and q.acquire("capped", 100, now).ok
+    assert q.acquire("capped", 100, now).retry_after_s == 1.0
+    calls = len(redis.calls)
+    started = loop.time()
+    assert not (await gate.acquire("capped", 100)).shared
+    assert loop.time() - started < STALL_S and len(redis.calls) == calls  # no wait, no call
+    hang.set()  # Redis answers at last: the 5 late charges come off the hand-back
+    await settle()
     assert gate._open["capped"] == 0
-    before = len(redis.calls)
-    assert (await gate.acquire("capped", 100)).ok
-    assert len(redis.calls) == before
+    assert q.hand_back(gate._clock.now())["capped"].tokens_used == 2 * 100 - 5 * 100
+    await gate.stop()
+
+
+async def test_a_check_answered_after_its_request_went_on_locally_is_handed_back() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    answer = asyncio.get_running_loop().create_future()
+    redis.answer = lambda name, args: answer if name == "acquire" else default_answer(name, args)
+    waiting = [asyncio.ensure_future(gate.acquire("capped", 100)) for _ in range(2)]
+    await settle()
+    clock.advance(STALL_S)  # no answer for that long: the next request finds a stall
+    assert not (await gate.acquire("capped", 100)).shared
+    assert gate.mode == "local"
+    assert [t.shared for t in await asyncio.gather(*waiting)] == [False, False]  # at once
+    q = gate.controller_quotas
+    assert q.acquire("capped", 100, clock.now()).ok  # one of them admitted locally
+    answer.set_result([1, b"0", *NO_SIGHT])  # and Redis charged both after all
+    await settle()
+    # 1 request and 100 tokens admitted here, 2 and 200 charged in Redis: 1 and 100 back
+    assert q.hand_back(clock.now()) == {"capped": HandBack(-1.0, -100.0, -1.0, -1.0)}
+    assert gate._open["capped"] == 0 and gate._charged["capped"] == 0
     await gate.stop()
 
 

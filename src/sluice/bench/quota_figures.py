@@ -399,7 +399,7 @@ def quota_results(q: FleetQuotas, duration: float) -> dict[str, Any]:
         },
         "periods": periods(duration, [(o.at, o.back) for o in spec.outages]),
         "replicas": [
-            {"replica": k, "went_local": g.went_local, "unchecked": g.unchecked}
+            {"replica": k, "went_local": g.went_local, "unchecked": g.unchecked, "late": g.late}
             for k, g in enumerate(q.gates)
         ],
         "tenants": tenants,

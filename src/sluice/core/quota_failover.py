@@ -1,7 +1,8 @@
 """Tenant quotas held in a shared store (Redis) that may be lost: the pure part.
 
-`QuotaCircuit` says whether quotas are shared (the store answers) or local (it does
-not); `FailoverQuotas` is the `TenantQuotas` the Controller gets when a shared store holds
+`QuotaCircuit` says whether quotas are shared (the store answers) or local (it does not,
+or is suspect: a call timed out, or the calls out went unanswered for `STALL_S`);
+`FailoverQuotas` is the `TenantQuotas` the Controller gets when a shared store holds
 the quotas: it charges nothing while they are shared (the shell charged the store) and
 delegates to an `InProcessQuotas` holding this process's share while they are local.
 The store's I/O, its scripts and the per-request ticket are the shell's
@@ -37,8 +38,8 @@ from sluice.core.quota import (
 from sluice.core.settings import TenantLimits
 
 REPROBE_S = 1.0  # while local, try the store again this often (not on every request)
-TIMEOUTS_TO_SUSPECT = 3  # timeouts in a row that call for a probe (a refused connection
-# goes local at once; timeouts only when the probe fails too)
+STALL_S = 0.25  # calls out and none answered for this long: the store hangs (it answers
+# in about a millisecond); well under a call's timeout, so few requests wait that long
 SHARE_FLOOR = 0.1  # of a quota spread evenly over the processes when they go local
 
 
@@ -49,66 +50,112 @@ def has_quota(t: TenantLimits) -> bool:
 class QuotaCircuit:
     """Whether quotas are shared (Redis answers) or local (it does not).
 
-    A refused or broken connection goes local at once. Timeouts do not, by themselves:
-    a gateway whose own event loop is starved sees every call time out while Redis is
-    fine. `timeouts_to_suspect` in a row make a probe due at once (a PING with a longer
-    timeout); only a failed probe goes local. While local, Redis is probed every
-    `reprobe_s`, by the background task only, never by requests."""
+    Any failed call goes local at once, so that no request goes through unchecked and
+    none waits on a Redis that does not answer: a refused or broken connection (Redis is
+    down: probed again every `reprobe_s`), a call that timed out, or calls out with none
+    answered for `stall_s` (Redis hangs, or this process's event loop was starved). The
+    last two only make Redis suspect: a probe is due at once, and the shell checks
+    requests against this process's share of each quota meanwhile, not each one waiting
+    for its own timeout. A failed probe `confirmed`s the outage (the shell logs it); a
+    probe that answers ends it (after the hand-back). While local, only the background
+    task probes, never requests.
+
+    Calls are counted by `epoch`, which every change of mode starts anew: an answer to a
+    call sent before a loss must not end it (only the hand-back may), nor a timeout of one
+    sent before the return start another."""
 
     def __init__(
-        self,
-        clock: Clock,
-        *,
-        timeouts_to_suspect: int = TIMEOUTS_TO_SUSPECT,
-        reprobe_s: float = REPROBE_S,
+        self, clock: Clock, *, reprobe_s: float = REPROBE_S, stall_s: float = STALL_S
     ) -> None:
         self._clock = clock
-        self.timeouts_to_suspect = timeouts_to_suspect
         self.reprobe_s = reprobe_s
+        self.stall_s = stall_s
         self.shared = True
-        self._timeouts = 0
-        self._suspect = False
+        self.confirmed = False  # local because Redis refused or a probe failed
+        self.epoch = 0
+        self._out = 0  # calls of this epoch not back yet
+        self._quiet_since = 0.0  # the last answer, or when calls went out with none out
         self._next_probe = 0.0
 
+    def sent(self) -> int:
+        """A call goes out; its epoch, for `answered` or `failed`."""
+        if self._out == 0:
+            self._quiet_since = self._clock.now()
+        self._out += 1
+        return self.epoch
+
+    def answered(self, epoch: int) -> None:
+        if epoch == self.epoch:
+            self._out -= 1
+            self._quiet_since = self._clock.now()
+
+    def gone(self, epoch: int) -> None:
+        """A call was cancelled: neither answered nor failed."""
+        if epoch == self.epoch:
+            self._out -= 1
+
+    def failed(self, epoch: int, *, timeout: bool) -> bool:
+        """A call failed; True if quotas go local now."""
+        if epoch != self.epoch or not self.shared:
+            return False
+        self._out -= 1
+        return self._open(confirmed=not timeout)
+
+    def failure(self, *, timeout: bool) -> bool:
+        """A call sent just now failed (for callers that do not count calls); True if
+        quotas go local now."""
+        return self.failed(self.sent(), timeout=timeout)
+
     def success(self) -> bool:
-        """Redis answered; True if that brings quotas back to shared."""
-        self._timeouts = 0
-        self._suspect = False
+        """Redis answered a probe (`probe_answered`)."""
+        return self.probe_answered()
+
+    def stall_at(self) -> float | None:
+        """When the calls out would be stalled if none is answered (None: none out)."""
+        if not self.shared or self._out <= 0:
+            return None
+        return self._quiet_since + self.stall_s
+
+    def stalled(self) -> bool:
+        """True if quotas go local now: calls are out and none was answered for
+        `stall_s`."""
+        at = self.stall_at()
+        if at is None or self._clock.now() < at:
+            return False
+        return self._open(confirmed=False)
+
+    def _open(self, *, confirmed: bool) -> bool:
+        self.shared = False
+        self.confirmed = confirmed
+        self._new_epoch()
+        # refused: Redis is down, try again in a while; only suspect: probe at once
+        self._next_probe = self._clock.now() + (self.reprobe_s if confirmed else 0.0)
+        return True
+
+    def _new_epoch(self) -> None:
+        self.epoch += 1
+        self._out = 0
+
+    def probe_due(self) -> bool:
+        return not self.shared and self._clock.now() >= self._next_probe
+
+    def probe_failed(self) -> bool:
+        """The probe got no answer; True if that confirms an outage (log it). The next
+        probe waits `reprobe_s`."""
+        self._next_probe = self._clock.now() + self.reprobe_s
+        if self.shared or self.confirmed:
+            return False
+        self.confirmed = True
+        return True
+
+    def probe_answered(self) -> bool:
+        """The probe (and the hand-back) answered; True if quotas are shared again now."""
         if self.shared:
             return False
         self.shared = True
+        self.confirmed = False
+        self._new_epoch()
         return True
-
-    def failure(self, timeout: bool) -> bool:
-        """A call failed; True if quotas go local now."""
-        if not self.shared:
-            return False
-        if timeout:
-            self._timeouts += 1
-            if self._timeouts >= self.timeouts_to_suspect:
-                self._suspect = True
-            return False
-        return self._open()
-
-    def _open(self) -> bool:
-        self._timeouts = 0
-        self._suspect = False
-        self.shared = False
-        self._next_probe = self._clock.now() + self.reprobe_s
-        return True
-
-    def probe_due(self) -> bool:
-        if self.shared:
-            return self._suspect
-        return self._clock.now() >= self._next_probe
-
-    def probe_failed(self) -> bool:
-        """The probe got no answer; True if quotas go local now (else the next probe
-        waits another `reprobe_s`)."""
-        if self.shared:
-            return self._open()
-        self._next_probe = self._clock.now() + self.reprobe_s
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +323,12 @@ class FailoverQuotas:
             used = self._used[tenant] = [0.0, 0.0]
         used[0] += requests
         used[1] += tokens
+
+    def charged_late(self, tenant: str, tokens: int) -> None:
+        """Redis charged a request after it had stopped waiting for the answer (the
+        circuit went local meanwhile, and this process checked it against its share): the
+        hand-back takes that charge off again."""
+        self._use(tenant, -1, -tokens)
 
     def charge_for(self, tenant: str, tokens: int) -> int:
         return self.local.charge_for(tenant, tokens)

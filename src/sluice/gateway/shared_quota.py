@@ -49,7 +49,7 @@ from sluice.core.quota import InProcessQuotas, capped_charge, settlement
 from sluice.core.quota_failover import (
     REPROBE_S,
     SHARE_FLOOR,
-    TIMEOUTS_TO_SUSPECT,
+    STALL_S,
     FailoverQuotas,
     HandBack,
     QuotaCircuit,
@@ -76,7 +76,7 @@ SIGHTS_PER_BEAT = 32  # tenants whose last sight is older than a heartbeat, refr
 
 __all__ = [
     "SHARE_FLOOR",
-    "TIMEOUTS_TO_SUSPECT",
+    "STALL_S",
     "FailoverQuotas",
     "HandBack",
     "QuotaCircuit",
@@ -216,6 +216,7 @@ class SharedQuotaGate:
         reprobe_s: float = REPROBE_S,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self.url = url
         self._clock = clock
@@ -230,7 +231,7 @@ class SharedQuotaGate:
         # is due within reprobe_s, seen within a turn of its loop, done within its timeout
         self.hold_after_return_s = reprobe_s + min(reprobe_s, heartbeat_s) / 4 + PROBE_TIMEOUT_S
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s)
+        self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s, stall_s=stall_s)
         self._limits: dict[str, TenantLimits] = {}
         self.controller_quotas = FailoverQuotas(
             InProcessQuotas(concurrency_retry_s=CONCURRENCY_RETRY_S),
@@ -243,6 +244,9 @@ class SharedQuotaGate:
         self._open: dict[str, int] = {}  # requests charged in Redis and not yet finished
         self._charged: dict[str, int] = {}  # of those, the ones Redis has said yes to
         self._busy: dict[str, int] = {}  # calls in flight per tenant (heartbeat waits)
+        # requests waiting for their check's answer (going local answers them at once)
+        self._waiters: set[asyncio.Future[Any]] = set()
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -282,6 +286,9 @@ class SharedQuotaGate:
     async def stop(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if self.circuit.shared:  # leave the count of live processes at once
             await self._call(self._client.zrem(processes_key(self._prefix), self.process))
         await self.flush(wait_s=max(0.2, 4 * self.call_timeout_s))
@@ -292,9 +299,14 @@ class SharedQuotaGate:
 
     async def acquire(self, tenant: str, tokens: int) -> QuotaTicket:
         """Charge one request of `tokens` to the tenant's quota in Redis. While quotas
-        are local this returns at once (the core charges the local quotas)."""
+        are local this returns at once (the core charges the local quotas), and so does a
+        request whose check fails or is still out when they go local: it is checked
+        against this process's share, never let through unchecked."""
         t = self._limits.get(tenant)
         if t is None or not self.circuit.shared:
+            return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
+        if self.circuit.stalled():  # the calls out went unanswered (the timer is late)
+            self._went_local("stall", None)
             return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
         tokens = capped_charge(tokens, t.tokens_per_minute)
         self._open[tenant] = self._open.get(tenant, 0) + 1  # before: heartbeats see it
@@ -316,33 +328,47 @@ class SharedQuotaGate:
                 )
             )
         )
+        # The request waits on its own future, not the call: a client that hangs up, or
+        # the circuit going local, ends the wait and leaves the call to finish (its
+        # charge, if any, is undone then).
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        call.add_done_callback(
+            functools.partial(self._checked, waiter=waiter, tenant=tenant, tokens=tokens)
+        )
         try:
-            # shield: a client that hangs up mid-call must not leave a charge behind
-            result = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            call.add_done_callback(lambda f: self._abandoned(f, tenant, tokens))
-            raise
+            result = await waiter
         finally:
-            self._busy[tenant] -= 1
-        if result is None:  # Redis failed: fail open (local quotas once the circuit opens)
-            self._open[tenant] -= 1
+            self._waiters.discard(waiter)
+        if result is None:  # Redis failed, or quotas went local: the core checks locally
             return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
         self._observe(tenant, result[2:])
         if int(result[0]) == 1:
-            self._charged[tenant] = self._charged.get(tenant, 0) + 1
             return QuotaTicket(self, tenant, tokens, ok=True, shared=True)
-        self._open[tenant] -= 1
         retry = min(RETRY_MAX_S, max(RETRY_MIN_S, float(result[1])))
         return QuotaTicket(None, tenant, tokens, ok=False, shared=True, retry_after_s=retry)
 
-    def _abandoned(self, fut: asyncio.Future[Any], tenant: str, tokens: int) -> None:
-        """The client left while its check was in flight: undo the charge, if any."""
-        result = None if fut.cancelled() else fut.result()
-        if result is not None and int(result[0]) == 1:
+    def _checked(
+        self, call: asyncio.Future[Any], *, waiter: asyncio.Future[Any], tenant: str, tokens: int
+    ) -> None:
+        """A check's call is back: its answer for the request, if it still waits."""
+        self._busy[tenant] -= 1
+        result = None if call.cancelled() else call.result()
+        charged = result is not None and int(result[0]) == 1
+        if charged:
             self._charged[tenant] = self._charged.get(tenant, 0) + 1
-            self.finish(tenant, 1, tokens)
-        else:
+        if not waiter.done():
+            if not charged:
+                self._open[tenant] -= 1
+            waiter.set_result(result)
+        elif not charged:
             self._open[tenant] -= 1
+        elif self.circuit.shared:  # the client left: give the charge back
+            self.finish(tenant, 1, tokens)
+        else:  # checked locally meanwhile: the hand-back takes this charge off
+            self._open[tenant] -= 1
+            self._charged[tenant] -= 1
+            self.controller_quotas.charged_late(tenant, tokens)
 
     def _observe(self, tenant: str, sight: Any) -> None:
         """Keep what Redis showed of the tenant's quota: levels, then part of the demand
@@ -409,43 +435,79 @@ class SharedQuotaGate:
 
     async def _call(self, awaitable: Any) -> Any:
         """One Redis call with a timeout; None when it failed (the circuit learns)."""
+        epoch = self.circuit.sent()
+        self._watch_stall()
         try:
             async with asyncio.timeout(self.call_timeout_s):
                 result = await awaitable
         except asyncio.CancelledError:
+            self.circuit.gone(epoch)
             raise
         except Exception as exc:  # any failure of Redis means: go local
-            self._failed(exc)
+            self._failed(exc, epoch)
             return None
-        if self.circuit.success():
-            self._mode_changed()
+        self.circuit.answered(epoch)
         return result
 
-    def _failed(self, exc: BaseException) -> None:
+    def _watch_stall(self) -> None:
+        """One timer for the calls out: when they would be stalled, look."""
+        at = self.circuit.stall_at()
+        if at is None or self._stall_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._stall_timer = loop.call_later(max(0.0, at - self._clock.now()), self._stall_due)
+
+    def _stall_due(self) -> None:
+        self._stall_timer = None
+        # An answer read in this turn of the loop wakes its task after the timers: look
+        # once those tasks have run, or a busy loop would pass for a hanging Redis.
+        asyncio.get_running_loop().call_soon(self._look_for_stall)
+
+    def _look_for_stall(self) -> None:
+        if self.circuit.stalled():
+            self._went_local("stall", None)
+        else:
+            self._watch_stall()
+
+    def _failed(self, exc: BaseException, epoch: int) -> None:
         kind = _failure_kind(exc)
         if self._on_error is not None:
             self._on_error(kind)
-        if self.circuit.failure(timeout=kind == "timeout"):
+        if self.circuit.failed(epoch, timeout=kind == "timeout"):
             self._went_local(kind, exc)
-        elif self.circuit.probe_due():
-            self._wake.set()
 
     def _went_local(self, kind: str, exc: BaseException | None) -> None:
+        """Quotas go local: this process holds its share of each from now on; the
+        requests waiting for a check are checked against it at once. A refusal confirms
+        the outage; a timeout or a stall only makes Redis suspect, and the probe, due at
+        once, decides."""
         self.controller_quotas.take_over(self._clock.now(), self._charged)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self.circuit.confirmed:
+            self._log_lost(kind, exc)
+        else:
+            log.info(
+                "Redis at %s is slow (%s): tenant quotas are checked by this process's "
+                "share while a probe decides",
+                self.url,
+                f"no answer within {self.circuit.stall_s:g}s" if kind == "stall" else kind,
+            )
+            self._wake.set()
+        self._mode_changed()
+
+    def _log_lost(self, kind: str, exc: BaseException | None) -> None:
         log.warning(
-            "Redis at %s is not answering (%s: %s): tenant quotas are enforced by each of "
-            "the %d gateway processes on its own, each with its share of every quota and "
-            "of what was left of it, until it is back",
+            "Redis at %s is not answering (%s: %s): tenant quotas are enforced by each "
+            "gateway process on its own, each with its share of every quota and of what "
+            "was left of it, until it is back",
             self.url,
             kind,
             exc or type(exc).__name__,
-            self.controller_quotas.processes,
         )
-        self._mode_changed()
 
     def _mode_changed(self) -> None:
-        if self.circuit.shared:
-            log.warning("Redis at %s answers again: tenant quotas are shared again", self.url)
         if self._on_mode is not None:
             self._on_mode(self.mode)
 
@@ -456,6 +518,7 @@ class SharedQuotaGate:
         tick = min(self.circuit.reprobe_s, self.heartbeat_s) / 4
         while True:
             now = self._clock.now()
+            self._wake.clear()  # (a wake during this turn brings the next one at once)
             if self.circuit.probe_due():
                 await self._probe()
             elif self.circuit.shared and now >= next_beat:
@@ -463,7 +526,6 @@ class SharedQuotaGate:
                 early = now - started < 2 * self.heartbeat_s
                 next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
                 await self._beat()
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick)
 
@@ -484,10 +546,15 @@ class SharedQuotaGate:
             kind = _failure_kind(exc)
             if self._on_error is not None:
                 self._on_error(kind)
-            if self.circuit.probe_failed():
-                self._went_local(kind, exc)
+            if self.circuit.probe_failed():  # it was only suspect: now it is lost
+                self._log_lost(kind, exc)
             return
-        if self.circuit.success():
+        confirmed = self.circuit.confirmed
+        if self.circuit.probe_answered():
+            if confirmed:
+                log.warning("Redis at %s answers again: tenant quotas are shared again", self.url)
+            else:
+                log.info("Redis at %s answered the probe: tenant quotas are shared again", self.url)
             self._mode_changed()
 
     async def _hand_back(self) -> None:
