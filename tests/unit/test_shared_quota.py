@@ -13,10 +13,12 @@ import pytest
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from sluice.config import parse_policy
 from sluice.core.clock import FakeClock, MonotonicClock
 from sluice.core.quota import InProcessQuotas
 from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
+from sluice.gateway.app import Gateway
 from sluice.gateway.shared_quota import (
     ACQUIRE_LUA,
     CALL_TIMEOUT_S,
@@ -302,6 +304,54 @@ def test_processes_going_local_together_hold_the_quota_once_however_long() -> No
     # then the quota's rate, and after any number of minutes one quota, not one each
     assert sum(_drain(q, 33.0) for q in apart) == pytest.approx(600, abs=3)
     assert sum(_drain(q, 33.0 + 600.0) for q in apart) == pytest.approx(1200, abs=3)
+
+
+def test_a_process_that_never_saw_the_count_holds_its_estimated_part_of_the_fleet() -> None:
+    """Started while Redis was lost (no count, no sight): before, it held every quota
+    whole (`sluice bench bench/fleet-quotas-hang.yaml`: 4 replacements, shares summing to
+    5.0, batch-etl admitted 512,143 tokens a minute against 100,000)."""
+    circuit = QuotaCircuit(FakeClock())
+    fleet = [0.25]  # what its scrapes estimate (Controller.fleet_share)
+    q = FailoverQuotas(InProcessQuotas(), circuit, fleet_share=lambda: fleet[0])
+    q.set_limits([METERED])
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert _drain(q, 0.0) == 300  # a quarter of 1,200 tokens, full: not all of them
+    assert q.shares["m"].fraction == 0.25
+    fleet[0] = 0.26
+    q.reshare(0.0)  # within 5 %: kept
+    assert q.shares["m"].fraction == 0.25
+    fleet[0] = 0.5  # its scrapes now show half the fleet's requests are its own
+    q.reshare(0.0)
+    assert q.shares["m"].fraction == 0.5
+    assert _drain(q, 0.0) == 0  # the level kept (used up), the capacity and rate doubled
+    assert _drain(q, 30.0) == 300  # 30 s at 10 tokens/s
+    q.set_processes(4, 30.0)  # once counted (Redis back), a count is better evidence
+    fleet[0] = 1.0
+    q.reshare(30.0)
+    assert q.shares["m"].fraction == 0.5  # (the next take-over takes 1/4)
+
+
+def test_with_no_count_nor_estimate_a_process_holds_the_fleet_prior() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit)
+    q.set_limits([METERED])
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert _drain(q, 0.0) == 75  # 1/16 of 1,200 (core/fleet_share.py PRIOR)
+
+
+async def test_the_gateway_gives_its_quotas_the_controllers_fleet_share() -> None:
+    policy = parse_policy(
+        "tenants: [{name: m, apiKeys: [sk-m], priority: 1, tokensPerMinute: 1200}]\n"
+        "admin: {apiKeys: [sk-admin]}\n"
+        "redis: {url: 'redis://127.0.0.1:1/0'}\n"
+    )
+    gateway = Gateway(policy)
+    assert gateway.quota_gate is not None
+    gateway.controller.expect_peers(4)  # `--workers 4`, say
+    assert gateway.quota_gate.controller_quotas.fleet_share is not None
+    assert gateway.quota_gate.controller_quotas.fleet_share() == 0.25
 
 
 def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None:

@@ -465,6 +465,8 @@ class VirtualQuotaGate:
             self._next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
             self._beat(t)
         else:
+            if not self.circuit.shared:
+                self.controller_quotas.reshare(now)
             self._wait(t)
 
     def _wait(self, t: float) -> None:

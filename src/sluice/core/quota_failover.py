@@ -22,17 +22,18 @@ count what they admitted, and a process back first would admit against it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sluice.core.clock import Clock
+from sluice.core.fleet_share import PRIOR as FLEET_PRIOR
 from sluice.core.quota import (
     ADMITTED,
     InProcessQuotas,
     QuotaDecision,
     QuotaShare,
-    local_fraction,
     refilled,
 )
 from sluice.core.settings import TenantLimits
@@ -41,10 +42,21 @@ REPROBE_S = 1.0  # while local, try the store again this often (not on every req
 STALL_S = 0.25  # calls out and none answered for this long: the store hangs (it answers
 # in about a millisecond); well under a call's timeout, so few requests wait that long
 SHARE_FLOOR = 0.1  # of a quota spread evenly over the processes when they go local
+RESHARE_BY = 0.05  # with no count, a share follows the fleet share once it moves this much
 
 
 def has_quota(t: TenantLimits) -> bool:
     return bool(t.tokens_per_minute or t.requests_per_minute or t.max_concurrency)
+
+
+def share_of(part: float | None, even: float, floor: float) -> float:
+    """One process's fraction of a quota that the processes enforce apart: its part of
+    the tenant's recent demand (None: unknown, then its even part), with `floor` of the
+    quota spread evenly (`even` each), so that a process the traffic moves to is not at
+    zero. Over processes whose parts add up to 1 and whose even parts do, so do these."""
+    if part is None:
+        return even
+    return (1.0 - floor) * min(1.0, max(0.0, part)) + floor * even
 
 
 class QuotaCircuit:
@@ -188,9 +200,14 @@ class FailoverQuotas:
     while they are local.
 
     `take_over` (the circuit just went local) gives `local` this process's share of each
-    tenant's quota (`local_fraction` of its part of the demand last seen, over the live
-    processes), starting from that share of the levels last seen, refilled since: so the
-    processes together hold each quota once, what was used in the current minute included.
+    tenant's quota (`share_of` its part of the demand last seen and of its even part),
+    starting from that share of the levels last seen, refilled since: so the processes
+    together hold each quota once, what was used in the current minute included. The even
+    part is 1/n of the n processes Redis last counted; a process that never saw the count
+    (it started while Redis was lost) is not alone for all it knows: its even part is
+    the part of the fleet its scrapes estimate (`fleet_share`, the Controller's
+    core/fleet_share.py: 1/N with `--workers N`; else from the prior, 1/16, towards its
+    part of the backends' requests, 1 once they show it alone), followed while local.
     Refunds, settles and releases go to `local` only for tenants with requests it holds
     (charged locally, or still running from before), so a request admitted through Redis
     after it is back never gives back to the local buckets. `hand_back` says what was
@@ -204,17 +221,20 @@ class FailoverQuotas:
         on_limits: Callable[[Iterable[TenantLimits]], None] | None = None,
         *,
         floor: float = SHARE_FLOOR,
+        fleet_share: Callable[[], float] | None = None,
     ) -> None:
         self.local = local
         self._circuit = circuit
         self._on_limits = on_limits
         self.floor = floor
+        self.fleet_share = fleet_share  # this process's part of the fleet, as it estimates
         self._local_open: dict[str, int] = {}
         self._tenants: dict[str, TenantLimits] = {}
         self._sights: dict[str, QuotaSight] = {}
-        self._taken: set[str] = set()  # tenants given a local share since the last loss
+        # tenants given a local share since the last loss, and what they were given
+        self.shares: dict[str, QuotaShare] = {}
         self._used: dict[str, list[float]] = {}  # per tenant while local: requests, tokens
-        self.processes = 1
+        self.processes: int | None = None  # the live processes Redis last counted
         self.hold_until = -math.inf  # back from a loss: the local share checks too until then
 
     def set_limits(self, tenants: Iterable[TenantLimits], now: float = 0.0) -> None:
@@ -222,7 +242,7 @@ class FailoverQuotas:
         self.local.set_limits(self._tenants.values(), now)
         if not self._circuit.shared:  # a tenant new while local gets its share too
             for t in self._tenants.values():
-                if has_quota(t) and t.name not in self._taken:
+                if has_quota(t) and t.name not in self.shares:
                     self._take(t, now, 0)
         if self._on_limits is not None:
             self._on_limits(self._tenants.values())
@@ -255,21 +275,46 @@ class FailoverQuotas:
         """Quotas went local: from now on hold this process's share of each; `running`:
         requests per tenant admitted through Redis that are still open here."""
         self._used = {}
-        self._taken = set()
+        self.shares = {}
         for t in self._tenants.values():
             if has_quota(t):
                 self._take(t, now, running.get(t.name, 0))
 
     def _take(self, t: TenantLimits, now: float, running: int) -> None:
-        sight = self._sights.get(t.name)
-        fraction = local_fraction(sight.part if sight else None, self.processes, self.floor)
         requests_level, tokens_level = self._estimate(t, now)
         held = self._local_open.get(t.name, 0) + max(0, running)
         if held:
             self._local_open[t.name] = held
-        share = QuotaShare(fraction, requests_level, tokens_level, held)
+        share = QuotaShare(self._fraction(t.name), requests_level, tokens_level, held)
         self.local.set_share(t.name, share, now)
-        self._taken.add(t.name)
+        self.shares[t.name] = share
+
+    def _even(self) -> float:
+        """This process's even part of a quota: 1/n of the processes Redis last counted;
+        never counted, the part of the fleet it estimates, at most 1 (else the prior)."""
+        if self.processes is not None:
+            return 1.0 / self.processes
+        if self.fleet_share is None:
+            return FLEET_PRIOR
+        return min(1.0, max(FLEET_PRIOR, self.fleet_share()))
+
+    def _fraction(self, tenant: str) -> float:
+        sight = self._sights.get(tenant)
+        return share_of(sight.part if sight else None, self._even(), self.floor)
+
+    def reshare(self, now: float) -> None:
+        """While local, a process that never saw Redis's count follows the part of the
+        fleet it estimates, as its scrapes learn it (its levels kept, at most the new
+        share's capacity); one with a count keeps the share it took."""
+        if self._circuit.shared or self.processes is not None or self.fleet_share is None:
+            return
+        for name, share in list(self.shares.items()):
+            fraction = self._fraction(name)
+            if abs(fraction - share.fraction) <= RESHARE_BY * share.fraction:
+                continue
+            open_here = self._local_open.get(name, 0)
+            self.local.set_share(name, QuotaShare(fraction, None, None, open_here), now)
+            self.shares[name] = dataclasses.replace(share, fraction=fraction)
 
     def _estimate(self, t: TenantLimits, now: float) -> tuple[float | None, float | None]:
         """The tenant's levels now, from the last sight, had nothing been used since."""

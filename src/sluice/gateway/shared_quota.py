@@ -526,6 +526,8 @@ class SharedQuotaGate:
                 early = now - started < 2 * self.heartbeat_s
                 next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
                 await self._beat()
+            elif not self.circuit.shared:  # (never counted: follow the fleet share)
+                self.controller_quotas.reshare(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick)
 
