@@ -32,7 +32,7 @@ from sluice.bench.quota_gate import Ticket, VirtualQuotaGate
 from sluice.bench.quota_store import QuotaStore, StoreSpec
 from sluice.core.clock import Clock, FakeClock
 from sluice.core.controller import Controller
-from sluice.core.quota import local_fraction, settlement
+from sluice.core.quota import settlement
 from sluice.core.quota_failover import HandBack
 from sluice.core.retry_after import deadline_code
 from sluice.core.settings import CoreSettings, TenantLimits
@@ -243,6 +243,8 @@ class FleetQuotas:
             virtual=self._clock,
             **kwargs,
         )
+        # as gateway/app.py: with no count of the processes, the part of the fleet it estimates
+        gate.controller_quotas.fleet_share = ctrl.fleet_share
         self.gates.append(gate)
         self.ctrls.append(ctrl)
         gate.start(t)
@@ -308,20 +310,19 @@ class FleetQuotas:
 
     def _took_over(self, t: float, gate: VirtualQuotaGate, *, replica: int) -> None:
         quotas = gate.controller_quotas
-        now = gate.clock.now()
-        offset = now - t  # the replica's clock less virtual time
+        offset = gate.clock.now() - t  # the replica's clock less virtual time
         shares = {}
-        for name in self.tenants:
-            if gate.limits(name) is None:
+        for name, lim in self.tenants.items():
+            share = quotas.shares.get(name)
+            if share is None:
                 continue
             sight = quotas.sight(name)
-            rl, tl = quotas.local.levels(name, now)
+            f = share.fraction
             shares[name] = {
-                "fraction": local_fraction(
-                    None if sight is None else sight.part, quotas.processes, quotas.floor
-                ),
-                "requests_level": rl,
-                "tokens_level": tl,
+                "fraction": f,
+                # where its local buckets started: f of the levels estimated (None: full)
+                "requests_level": _start(f, lim.requests_per_minute, share.requests_level),
+                "tokens_level": _start(f, lim.tokens_per_minute, share.tokens_level),
                 "sight_at": None if sight is None else sight.at - offset,
                 "sight_tokens_level": None if sight is None else sight.tokens_level,
                 "sight_part": None if sight is None else sight.part,
@@ -353,3 +354,10 @@ class FleetQuotas:
                 "store_after": levels,
             }
         )
+
+
+def _start(fraction: float, per_minute: int, level: float | None) -> float | None:
+    """A local bucket's level when its share was taken (None: no such limit)."""
+    if per_minute <= 0:
+        return None
+    return fraction * (per_minute if level is None else min(per_minute, level))
