@@ -325,7 +325,10 @@ def test_a_process_that_never_saw_the_count_holds_its_estimated_part_of_the_flee
     q.reshare(0.0)
     assert q.shares["m"].fraction == 0.5
     assert _drain(q, 0.0) == 0  # the level kept (used up), the capacity and rate doubled
+    # what it used, not what the larger share would hold on top (its unused twin grew too)
+    assert q.hand_back(0.0)["m"].tokens_charge == 300.0
     assert _drain(q, 30.0) == 300  # 30 s at 10 tokens/s
+    assert q.hand_back(30.0)["m"].tokens_charge == 600.0  # none refilled past its capacity
     q.set_processes(4, 30.0)  # once counted (Redis back), a count is better evidence
     fleet[0] = 1.0
     q.reshare(30.0)
@@ -361,24 +364,88 @@ def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None
     assert q.acquire("m", 100, 3.0).ok
     q.refund("m", 100, 4.0)  # one never ran
     q.settle("m", -40, 5.0)  # the other used 60
-    assert q.hand_back(6.0)["m"] == HandBack(1.0, 60.0, -1.0, 720.0)
+    # (a tenant without a request quota is charged no requests)
+    assert q.hand_back(6.0)["m"] == HandBack(0.0, 60.0, -1.0, 720.0)
     q.handed_back()
     q._circuit.success()  # shared again: nothing more is counted for Redis
     q.release("m", 7.0)
     assert q.hand_back(60.0) == {}  # used nothing since, and the levels are full again
 
 
+def test_the_hand_back_charges_what_the_share_had_not_refilled() -> None:
+    """One process holding the whole quota (1,200 tokens a minute, 20 a second), full
+    when Redis was lost: 1,000 tokens used at once, 600 half a minute later. Before, the
+    hand-back charged the 1,600 whatever the outage's length: back after 90 s, Redis
+    (refilled to 1,200 meanwhile) went to -400 and refused the tenant for 20 s, though
+    it never went past its quota."""
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit)
+    q.set_limits([METERED, TenantLimits(name="r", requests_per_minute=60)])
+    q.set_processes(1, 0.0)
+    q.observe("m", QuotaSight(None, 1200.0, 1.0, 0.0))
+    q.observe("r", QuotaSight(60.0, None, 1.0, 0.0))
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert q.acquire("m", 1000, 0.0).ok
+    assert q.acquire("m", 600, 30.0).ok  # 200 + 30 s x 20 = 800 there
+    assert sum(q.acquire("r", 1, 0.0).ok for _ in range(61)) == 60  # a minute's worth
+    # a bucket that saw it holds 200 + 15 s x 20 = 500 of the 1,200 it would hold unused;
+    # of a minute's requests, 45 refilled
+    assert q.hand_back(45.0) == {
+        "m": HandBack(0.0, 700.0, -1.0, 1200.0),
+        "r": HandBack(15.0, 0.0, 60.0, -1.0),
+    }
+    assert q.hand_back(60.0) == {"m": HandBack(0.0, 400.0, -1.0, 1200.0)}
+    assert q.hand_back(90.0) == {}  # all refilled: nothing to charge (before: 1,600, 60)
+
+
+def test_processes_back_after_a_long_loss_charge_what_one_bucket_would_not_hold() -> None:
+    """Two processes, half of the quota each, full when Redis was lost at 3 s: one uses
+    its 600 tokens at once, the other 300 at 33 s. One exact bucket would hold 600 at
+    3 s, 900 at 33 s, 1,200 from 48 s: back at 63 s, nothing to charge (before: 900, and
+    Redis, full again, went to 300). Back at 23 s, the use less what the shares refilled
+    (the first: 600 - 20 s x 10; the second's share, full, banks no refill: 400 in all
+    where one bucket would be 200 down)."""
+
+    def lost() -> list[FailoverQuotas]:
+        apart = [_lost(0.5, 1200.0) for _ in range(2)]
+        assert _drain(apart[0], 3.0) == 600
+        return apart
+
+    early = lost()
+    assert [q.hand_back(23.0).get("m") for q in early] == [HandBack(0.0, 400.0, -1.0, 1200.0), None]
+    late = lost()
+    assert late[1].acquire("m", 300, 33.0).ok
+    assert [q.hand_back(63.0) for q in late] == [{}, {}]
+
+
+def test_with_no_sight_the_hand_back_credits_no_refill_within_a_minute() -> None:
+    """A process that never heard from Redis does not know what the tenant had used: its
+    share starts full (all of it here, alone by its estimate), but the hand-back credits
+    no refill before the share would have filled from nothing."""
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit, fleet_share=lambda: 1.0)
+    q.set_limits([METERED])
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert _drain(q, 0.0) == 1200
+    assert q.hand_back(30.0)["m"].tokens_charge == 1200.0  # all of it: 600 refilled since
+    assert _drain(q, 30.0) == 600
+    assert q.hand_back(60.0)["m"].tokens_charge == 1800.0
+    assert q.hand_back(90.0)["m"].tokens_charge == 1200.0  # a minute on: 600 refilled
+
+
 def test_back_from_a_loss_the_share_checks_too_while_others_may_still_be_local() -> None:
     q = _lost(0.5, 600.0)  # half the quota: 330 of the 660 left at 3 s, 10 tokens/s
     assert q.acquire("m", 300, 3.0).ok
-    assert q.hand_back(4.0)["m"].tokens_used == 300
+    assert q.hand_back(4.0)["m"].tokens_charge == 300
     q.handed_back(4.0, hold_s=1.75)
     q._circuit.success()  # Redis has been told: shared again
     # held: what Redis admits is checked against the share too, 30 + 10 tokens left now
     assert not q.acquire("m", 41, 4.0).ok
     assert q.acquire("m", 40, 4.0).ok
     q.settle("m", -20, 4.5)  # it used 20: the share gets them back, Redis had it charged
-    assert q.hand_back(5.0).get("m", HandBack(0, 0, 0, 0)).tokens_used == 0
+    assert q.hand_back(5.0).get("m", HandBack(0, 0, 0, 0)).tokens_charge == 0
     assert not q.acquire("m", 100, 5.7).ok
     assert q.acquire("m", 100, 5.75).ok  # the hold is over: Redis's answer alone
 
@@ -519,7 +586,8 @@ async def test_a_hanging_redis_costs_the_first_requests_a_stall_then_none() -> N
     hang.set()  # Redis answers at last: the 5 late charges come off the hand-back
     await settle()
     assert gate._open["capped"] == 0
-    assert q.hand_back(gate._clock.now())["capped"].tokens_used == 2 * 100 - 5 * 100
+    charge = q.hand_back(gate._clock.now())["capped"].tokens_charge
+    assert charge == pytest.approx(2 * 100 - 5 * 100, abs=1)  # (less a few ms' refill)
     await gate.stop()
 
 
@@ -642,8 +710,10 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
             break
         await asyncio.sleep(0.01)
     assert modes[-2:] == ["local", "redis"]
-    # 1 request and 250 tokens used locally; levels last seen 1000 + 1 s x 20 tokens
-    assert redis.named("resume") == [(60, 1200, 1.0, 250.0, 60.0, 1020.0)]
+    # 1 request and 250 tokens used locally, its share 0.9 x 1 + 0.1 / 16 (no count: the
+    # fleet prior) = 0.90625 of each quota refilled 0.90625 requests in the second since;
+    # levels last seen 1000 + 1 s x 20 tokens
+    assert redis.named("resume") == [(60, 1200, 0.09375, 250.0, 60.0, 1020.0)]
     assert mode_at_resume == ["local"]  # requests go to Redis only once it knows
     # and for as long as another process may take to hand back, the share checks too
     assert gate.hold_after_return_s == 1.0 + 0.25 + PROBE_TIMEOUT_S

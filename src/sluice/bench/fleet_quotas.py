@@ -69,6 +69,8 @@ class QuotaRecords:
     admitted: dict[str, Admitted] = field(default_factory=dict)  # by request id
     refusals: list[dict[str, Any]] = field(default_factory=list)
     take_overs: list[dict[str, Any]] = field(default_factory=list)
+    reshares: list[dict[str, Any]] = field(default_factory=list)  # t, replica, fractions
+    exits: dict[int, float] = field(default_factory=dict)  # replica: when it stopped
     hand_backs: list[dict[str, Any]] = field(default_factory=list)
     store_levels: list[dict[str, Any]] = field(default_factory=list)
 
@@ -231,6 +233,7 @@ class FleetQuotas:
             rng=random.Random(f"{self._seed}/quota/{k}"),
             on_local=functools.partial(self._took_over, replica=k),
             on_hand_back=functools.partial(self._handed_back, replica=k),
+            on_reshare=functools.partial(self._reshared, replica=k),
         )
         ctrl = TicketedController(
             settings,
@@ -304,6 +307,7 @@ class FleetQuotas:
         answer(t, None)
 
     def replica_exits(self, t: float, k: int) -> None:
+        self.records.exits[k] = t
         self.gates[k].stop(t)
 
     # -- what the gates tell --------------------------------------------------------------
@@ -331,6 +335,12 @@ class FleetQuotas:
             {"t": t, "replica": replica, "processes": quotas.processes, "tenants": shares}
         )
 
+    def _reshared(self, t: float, gate: VirtualQuotaGate, *, replica: int) -> None:
+        shares = gate.controller_quotas.shares
+        self.records.reshares.append(
+            {"t": t, "replica": replica, "tenants": {n: s.fraction for n, s in shares.items()}}
+        )
+
     def _handed_back(
         self, t: float, gate: VirtualQuotaGate, owed: dict[str, HandBack], *, replica: int
     ) -> None:
@@ -344,8 +354,8 @@ class FleetQuotas:
                 "replica": replica,
                 "owed": {
                     name: {
-                        "requests_used": hb.requests_used,
-                        "tokens_used": hb.tokens_used,
+                        "requests_charge": hb.requests_charge,
+                        "tokens_charge": hb.tokens_charge,
                         "requests_level": hb.requests_level,
                         "tokens_level": hb.tokens_level,
                     }

@@ -109,7 +109,9 @@ class VirtualQuotaGate:
     """`SharedQuotaGate` of one replica, in virtual time (module docstring).
 
     `on_local(t, gate)` is told when the circuit goes local (after the take-over);
-    `on_hand_back(t, gate, owed)` when the hand-back is in (before the circuit closes)."""
+    `on_reshare(t, gate)` when a share moved with the fleet share (no count of the
+    processes); `on_hand_back(t, gate, owed)` when the hand-back is in (before the circuit
+    closes)."""
 
     def __init__(
         self,
@@ -122,6 +124,7 @@ class VirtualQuotaGate:
         rng: random.Random,
         on_local: Callable[[float, VirtualQuotaGate], None] | None = None,
         on_hand_back: Callable[[float, VirtualQuotaGate, dict[str, HandBack]], None] | None = None,
+        on_reshare: Callable[[float, VirtualQuotaGate], None] | None = None,
         call_timeout_s: float = CALL_TIMEOUT_S,
         reprobe_s: float = REPROBE_S,
         heartbeat_s: float = HEARTBEAT_S,
@@ -135,6 +138,7 @@ class VirtualQuotaGate:
         self._rng = rng
         self._on_local = on_local
         self._on_hand_back = on_hand_back
+        self._on_reshare = on_reshare
         self.call_timeout_s = call_timeout_s
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
@@ -465,8 +469,9 @@ class VirtualQuotaGate:
             self._next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
             self._beat(t)
         else:
-            if not self.circuit.shared:
-                self.controller_quotas.reshare(now)
+            moved = not self.circuit.shared and self.controller_quotas.reshare(now)
+            if moved and self._on_reshare is not None:
+                self._on_reshare(t, self)
             self._wait(t)
 
     def _wait(self, t: float) -> None:
@@ -539,8 +544,8 @@ class VirtualQuotaGate:
                 lim.name,
                 rpm=lim.requests_per_minute,
                 tpm=lim.tokens_per_minute,
-                requests_used=hb.requests_used,
-                tokens_used=hb.tokens_used,
+                requests_used=hb.requests_charge,
+                tokens_used=hb.tokens_charge,
                 requests_level=hb.requests_level,
                 tokens_level=hb.tokens_level,
             )

@@ -367,8 +367,9 @@ class QuotaStore:
         requests_level: float,
         tokens_level: float,
     ) -> None:
-        """resume.lua: charge what a process admitted on its own meanwhile, restoring first
-        its estimate of a level the store has lost (-1: unknown)."""
+        """resume.lua: charge for what a process admitted on its own meanwhile (its use
+        less what its share refilled), restoring first its estimate of a level the store
+        has lost (-1: unknown)."""
         self._answered(now)
         rl, tl = self._levels(tenant, rpm, tpm, now)
         h = self._rate_hash(tenant, now)

@@ -13,8 +13,10 @@ process the tenant's bucket levels and this process's part of the tenant's recen
 (`QuotaSight`). When the store is lost, each process enforces that part of the quota
 (with `SHARE_FLOOR` of it spread evenly over the live processes), starting from that part
 of the levels last seen: what the tenant used in the current minute still counts. When
-the store is back, each process charges it what it admitted on its own meanwhile
-(`HandBack`), restoring first the levels it last saw if the store lost them (a restart),
+the store is back, each process charges it for what it admitted on its own meanwhile
+(`HandBack`: its use as a bucket of its share saw it, `Ledger`, so that what refilled
+meanwhile is not charged again), restoring first the levels it last saw if the store
+lost them (a restart),
 and keeps its share as a second check for as long as the other processes may still be
 local (`handed_back`'s `hold_s`): until they have handed back too, the store does not
 count what they admitted, and a process back first would admit against it.
@@ -34,6 +36,7 @@ from sluice.core.quota import (
     InProcessQuotas,
     QuotaDecision,
     QuotaShare,
+    TokenBucket,
     refilled,
 )
 from sluice.core.settings import TenantLimits
@@ -184,14 +187,88 @@ class QuotaSight:
 
 @dataclass(frozen=True, slots=True)
 class HandBack:
-    """What this process admitted of a tenant's quota on its own while Redis was lost,
-    for Redis once it is back, with its estimate of the tenant's levels had nothing been
-    used (-1: unknown), which stands in for buckets Redis lost."""
+    """What Redis, once back, is charged for what this process admitted of a tenant's
+    quota on its own while it was lost (`Ledger.charge`: its use, less what the share
+    refilled meanwhile; negative: a charge to take off), with its estimate of the
+    tenant's levels had nothing been used (-1: unknown), which stands in for buckets
+    Redis lost."""
 
-    requests_used: float
-    tokens_used: float
+    requests_charge: float
+    tokens_charge: float
     requests_level: float
     tokens_level: float
+
+
+class Ledger:
+    """What a process admitted of one tenant's quota while Redis was lost, as a bucket
+    of its share would hold it had it seen the usage as it happened: the share's
+    capacity and rate, from the share of the levels last seen, so that what refilled
+    meanwhile is not charged again. Its charge for Redis is what the same bucket would
+    hold with nothing used (kept beside it: a share that follows the fleet share is
+    resized alike) less what it holds: the use itself over a short loss; over one longer
+    than a minute, at most what the last minute's refill could not cover. Without a
+    sight (a process that never heard from Redis) the level is unknown and both start
+    empty (the tenant may have used its minute): no refill is credited before the share
+    would have filled again from nothing. No floor: every token admitted counts (a
+    request's usage past its charge included)."""
+
+    __slots__ = ("requests", "tokens", "used")
+
+    def __init__(
+        self,
+        t: TenantLimits,
+        fraction: float,
+        requests_level: float | None,
+        tokens_level: float | None,
+        now: float,
+    ) -> None:
+        self.requests = self._buckets(t.requests_per_minute, fraction, requests_level, now)
+        self.tokens = self._buckets(t.tokens_per_minute, fraction, tokens_level, now)
+        self.used = False
+
+    @staticmethod
+    def _buckets(
+        per_minute: float, fraction: float, level: float | None, now: float
+    ) -> tuple[TokenBucket, TokenBucket] | None:
+        """(the share as used, the share unused), alike at the start."""
+        if per_minute <= 0:
+            return None
+        pair = (TokenBucket(per_minute * fraction, now), TokenBucket(per_minute * fraction, now))
+        if level is not None:
+            for bucket in pair:
+                bucket.level = min(bucket.capacity, fraction * level)
+        return pair
+
+    def use(self, requests: float, tokens: float, now: float) -> None:
+        """Charged (positive) or given back (negative), as the local bucket is."""
+        self.used = True
+        for pair, amount in ((self.requests, requests), (self.tokens, tokens)):
+            if pair is not None and amount:
+                bucket = pair[0]
+                bucket.refill(now)
+                bucket.level = min(bucket.capacity, bucket.level - amount)
+
+    def resize(self, t: TenantLimits, fraction: float, now: float) -> None:
+        for pair, per_minute in (
+            (self.requests, t.requests_per_minute),
+            (self.tokens, t.tokens_per_minute),
+        ):
+            if pair is not None:
+                for bucket in pair:
+                    bucket.resize(per_minute * fraction, now)
+
+    def charge(self, now: float) -> tuple[float, float]:
+        """(requests, tokens) to charge Redis now."""
+        out = []
+        for pair in (self.requests, self.tokens):
+            if pair is None or not self.used:
+                out.append(0.0)
+                continue
+            seen, unused = pair
+            seen.refill(now)
+            unused.refill(now)
+            out.append(unused.level - seen.level)
+        return out[0], out[1]
 
 
 class FailoverQuotas:
@@ -233,7 +310,8 @@ class FailoverQuotas:
         self._sights: dict[str, QuotaSight] = {}
         # tenants given a local share since the last loss, and what they were given
         self.shares: dict[str, QuotaShare] = {}
-        self._used: dict[str, list[float]] = {}  # per tenant while local: requests, tokens
+        self._ledgers: dict[str, Ledger] = {}  # per tenant, while local: what it admitted
+        self._late: dict[str, list[float]] = {}  # per tenant: requests, tokens charged late
         self.processes: int | None = None  # the live processes Redis last counted
         self.hold_until = -math.inf  # back from a loss: the local share checks too until then
 
@@ -274,7 +352,8 @@ class FailoverQuotas:
     def take_over(self, now: float, running: Mapping[str, int]) -> None:
         """Quotas went local: from now on hold this process's share of each; `running`:
         requests per tenant admitted through Redis that are still open here."""
-        self._used = {}
+        self._ledgers = {}
+        self._late = {}
         self.shares = {}
         for t in self._tenants.values():
             if has_quota(t):
@@ -288,6 +367,11 @@ class FailoverQuotas:
         share = QuotaShare(self._fraction(t.name), requests_level, tokens_level, held)
         self.local.set_share(t.name, share, now)
         self.shares[t.name] = share
+        if t.name in self._sights:
+            ledger = Ledger(t, share.fraction, requests_level, tokens_level, now)
+        else:  # (the level unknown: no refill credited before a minute, Ledger)
+            ledger = Ledger(t, share.fraction, 0.0, 0.0, now)
+        self._ledgers[t.name] = ledger
 
     def _even(self) -> float:
         """This process's even part of a quota: 1/n of the processes Redis last counted;
@@ -302,12 +386,14 @@ class FailoverQuotas:
         sight = self._sights.get(tenant)
         return share_of(sight.part if sight else None, self._even(), self.floor)
 
-    def reshare(self, now: float) -> None:
+    def reshare(self, now: float) -> bool:
         """While local, a process that never saw Redis's count follows the part of the
         fleet it estimates, as its scrapes learn it (its levels kept, at most the new
-        share's capacity); one with a count keeps the share it took."""
+        share's capacity); one with a count keeps the share it took. True if a share
+        changed."""
         if self._circuit.shared or self.processes is not None or self.fleet_share is None:
-            return
+            return False
+        changed = False
         for name, share in list(self.shares.items()):
             fraction = self._fraction(name)
             if abs(fraction - share.fraction) <= RESHARE_BY * share.fraction:
@@ -315,6 +401,11 @@ class FailoverQuotas:
             open_here = self._local_open.get(name, 0)
             self.local.set_share(name, QuotaShare(fraction, None, None, open_here), now)
             self.shares[name] = dataclasses.replace(share, fraction=fraction)
+            ledger = self._ledgers.get(name)
+            if ledger is not None:
+                ledger.resize(self._tenants[name], fraction, now)
+            changed = True
+        return changed
 
     def _estimate(self, t: TenantLimits, now: float) -> tuple[float | None, float | None]:
         """The tenant's levels now, from the last sight, had nothing been used since."""
@@ -331,25 +422,33 @@ class FailoverQuotas:
 
     def hand_back(self, now: float) -> dict[str, HandBack]:
         """Per tenant, what Redis should be told now that it is back (call `handed_back`
-        once it has been). Tenants whose levels were below full are included even with
-        nothing used: a Redis that lost them must not start them full."""
+        once it has been): the ledger's charge (what the share admitted, less what it
+        refilled meanwhile), less what Redis charged late. Tenants whose levels were
+        below full are included even with nothing used: a Redis that lost them must not
+        start them full."""
         out: dict[str, HandBack] = {}
         for name, t in self._tenants.items():
             if not has_quota(t):
                 continue
-            requests_used, tokens_used = self._used.get(name, (0.0, 0.0))
             rl, tl = self._estimate(t, now)
+            ledger = self._ledgers.get(name)
+            requests, tokens = (0.0, 0.0) if ledger is None else ledger.charge(now)
+            late = self._late.get(name)
+            if late is not None:
+                requests -= late[0]
+                tokens -= late[1]
             below = (rl is not None and rl < t.requests_per_minute) or (
                 tl is not None and tl < t.tokens_per_minute
             )
-            if requests_used or tokens_used or below:
+            if requests or tokens or below:
                 out[name] = HandBack(
-                    requests_used,
-                    tokens_used,
-                    -1.0 if rl is None else rl,
-                    -1.0 if tl is None else tl,
+                    requests, tokens, -1.0 if rl is None else rl, -1.0 if tl is None else tl
                 )
         return out
+
+    def owes(self) -> bool:
+        """Something admitted while Redis was lost is not handed back yet."""
+        return bool(self._late) or any(ledger.used for ledger in self._ledgers.values())
 
     def handed_back(self, now: float = 0.0, hold_s: float = 0.0) -> None:
         """Redis has been told what `hand_back` said. For `hold_s` more, every request
@@ -357,23 +456,28 @@ class FailoverQuotas:
         lost, without counting it for Redis again): the processes still local have not
         handed back yet, and until they have, Redis lets through what they used. The
         shell holds for as long as another process's next probe may take."""
-        self._used = {}
+        self._ledgers = {}
+        self._late = {}
         self.hold_until = now + hold_s
 
-    def _use(self, tenant: str, requests: float, tokens: float) -> None:
+    def _use(self, tenant: str, requests: float, tokens: float, now: float) -> None:
         if self._circuit.shared:
             return  # after the hand-back: Redis was charged these already
-        used = self._used.get(tenant)
-        if used is None:
-            used = self._used[tenant] = [0.0, 0.0]
-        used[0] += requests
-        used[1] += tokens
+        ledger = self._ledgers.get(tenant)
+        if ledger is not None:
+            ledger.use(requests, tokens, now)
 
     def charged_late(self, tenant: str, tokens: int) -> None:
         """Redis charged a request after it had stopped waiting for the answer (the
         circuit went local meanwhile, and this process checked it against its share): the
         hand-back takes that charge off again."""
-        self._use(tenant, -1, -tokens)
+        if self._circuit.shared:
+            return
+        late = self._late.get(tenant)
+        if late is None:
+            late = self._late[tenant] = [0.0, 0.0]
+        late[0] += 1
+        late[1] += tokens
 
     def charge_for(self, tenant: str, tokens: int) -> int:
         return self.local.charge_for(tenant, tokens)
@@ -384,7 +488,7 @@ class FailoverQuotas:
         decision = self.local.acquire(tenant, tokens, now)
         if decision.ok:
             self._local_open[tenant] = self._local_open.get(tenant, 0) + 1
-            self._use(tenant, 1, tokens)  # nothing while holding: Redis charged it
+            self._use(tenant, 1, tokens, now)  # nothing while holding: Redis charged it
         return decision
 
     def _leave(self, tenant: str) -> bool:
@@ -400,12 +504,12 @@ class FailoverQuotas:
     def refund(self, tenant: str, tokens: int, now: float) -> None:
         if self._leave(tenant):
             self.local.refund(tenant, tokens, now)
-            self._use(tenant, -1, -tokens)
+            self._use(tenant, -1, -tokens, now)
 
     def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
         if self._local_open.get(tenant, 0) > 0:
             self.local.settle(tenant, delta_tokens, now)
-            self._use(tenant, 0, delta_tokens)
+            self._use(tenant, 0, delta_tokens, now)
 
     def release(self, tenant: str, now: float) -> None:
         if self._leave(tenant):

@@ -575,8 +575,8 @@ class SharedQuotaGate:
             args = (
                 t.requests_per_minute,
                 t.tokens_per_minute,
-                hb.requests_used,
-                hb.tokens_used,
+                hb.requests_charge,
+                hb.tokens_charge,
                 hb.requests_level,
                 hb.tokens_level,
             )
