@@ -123,6 +123,37 @@ async def test_max_concurrency_holds_across_processes_and_outlives_a_crashed_one
         await b.stop()
 
 
+async def test_a_debt_is_never_forgiven_and_the_hand_back_has_no_floor(
+    redis_server: RedisServer,
+) -> None:
+    """Before, every script took a level below minus a bucket back up to it: in `sluice
+    bench bench/fleet-quotas-hang.yaml` Redis forgave 43,623 of the tokens the
+    hand-backs charged batch-etl (100,000 a minute)."""
+    a = _gate(redis_server.url, TenantLimits(name="tpm", tokens_per_minute=600))
+    rate, conc, _, _ = tenant_keys("tpm")
+    client = redis.Redis(port=redis_server.port)
+
+    def level() -> float:
+        return float(client.hget(rate, "tl"))
+
+    try:
+        # a hand-back of 1,500 tokens to a full bucket of 600: -900, not -600
+        await a._resume(keys=(rate,), args=(0, 600, 0, 1500, -1, -1))
+        assert level() == pytest.approx(-900, abs=1)  # (10 tokens a second refill)
+        # 10 tokens back: -890, not lifted to -600
+        await a._finish(keys=(rate, conc), args=(0, 600, 0, 10, 0, a.process))
+        assert level() == pytest.approx(-890, abs=1)
+        # a request's usage 100 past its charge: no deeper than it was (a report costs
+        # a tenant at most a minute of debt), and not lifted either
+        await a._finish(keys=(rate, conc), args=(0, 600, 0, -100, 0, a.process))
+        assert level() == pytest.approx(-890, abs=1)
+        # the key lives until the bucket would be full again: 1,490 tokens at 10 a second
+        assert 148_000 <= client.pttl(rate) <= 150_000
+    finally:
+        client.close()
+        await a.stop()
+
+
 async def test_parts_of_the_demand_add_up_and_a_restarted_redis_gets_its_levels_back(
     redis_server: RedisServer,
 ) -> None:

@@ -11,5 +11,5 @@ if tpm > 0 and test >= 0 and redis.call('HEXISTS', KEYS[1], 'tt') == 0 then
 end
 rl = rl - tonumber(ARGV[3])
 tl = tl - tonumber(ARGV[4])
-store()
+store(true)
 return 1
