@@ -146,3 +146,24 @@ def test_the_heartbeat_counts_the_live_processes_and_a_stopped_one_leaves() -> N
     b.stop(1.0)
     loop.run(3.0)
     assert a.controller_quotas.processes == 1
+
+
+def test_a_replica_leaving_while_local_hands_back_within_its_grace_unless_killed() -> None:
+    results = []
+    for until, killed in ((12.0, False), (None, False), (12.0, True)):
+        loop = Loop()
+        store = QuotaStore(round_trip_s=RTT, outages=[Outage(5.0, 10.0)])
+        gate = _gate(loop, store)
+        gate.start(0.0)
+        loop.run(5.5)
+        _check(loop, gate, 100)  # refused: local
+        loop.run(5.6)
+        assert gate.controller_quotas.acquire("t", 300, loop.clock.now()).ok
+        gate.stop(6.0, until, killed=killed)  # drained, SIGTERM at 6 s
+        loop.run(20.0)
+        assert gate.stopped
+        results.append(store.levels(20.0, "t", 60, 600)[1])
+    # within its grace: Redis back at 10 s, probed then, the 300 tokens charged (less
+    # the 4.4 s its share refilled meanwhile); with no grace (one try) or killed, lost
+    assert results[0] == pytest.approx(600 - 300 + 10 * (10.25 - 5.6) + 10 * (20 - 10.25), abs=3)
+    assert results[1] == results[2] == 600.0

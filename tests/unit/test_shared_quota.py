@@ -721,6 +721,66 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
     await gate.stop()
 
 
+async def test_leaving_while_local_hands_back_what_it_admitted_within_its_grace() -> None:
+    """Before, a process that exited while Redis was lost took what it had admitted on
+    its own with it (`sluice bench bench/fleet-quotas-hang.yaml`: 12,170 of batch-etl's
+    tokens, from the replicas replaced during the outage)."""
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate = SharedQuotaGate("redis://fake", [CAPPED, FREE], clock, client=redis, reprobe_s=0.01)
+    gate.controller_quotas.set_processes(1, 0.0)
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    assert not (await gate.acquire("capped", 100)).shared and gate.mode == "local"
+    assert gate.controller_quotas.acquire("capped", 100, clock.now()).ok  # admitted here
+    pings: list[bool] = []
+
+    async def ping() -> bool:  # Redis answers the third probe
+        pings.append(len(pings) >= 2)
+        if not pings[-1]:
+            raise RedisConnectionError("Connection refused")
+        return True
+
+    redis.ping = ping  # type: ignore[method-assign]
+    redis.answer = default_answer
+    gate.draining(clock.now() + 30.0)  # SIGTERM, with the policy's shutdown grace
+    await gate.stop()
+    assert pings == [False, False, True]
+    # the level unknown (-1): the request and its 100 tokens, nothing refilled yet
+    assert redis.named("resume") == [(60, 1200, 1.0, 100.0, -1.0, -1.0)]
+    assert redis.named("zrem") == [(gate.process,)]  # and it left the count of processes
+
+
+async def test_leaving_while_redis_stays_lost_says_what_is_not_handed_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    gate.controller_quotas.set_processes(1, 0.0)
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    redis.ping_fails = True
+    assert not (await gate.acquire("capped", 100)).shared
+    assert gate.controller_quotas.acquire("capped", 250, clock.now()).ok
+    with caplog.at_level("WARNING", logger="sluice.quota"):
+        await gate.stop()  # no grace given: one try
+    assert redis.pings == 1 and redis.named("resume") == []
+    assert "(250 tokens and 1 requests of 1 tenants) is not handed back" in caplog.text
+
+
+async def test_the_gateway_draining_gives_its_quotas_the_shutdown_grace() -> None:
+    policy = parse_policy(
+        "tenants: [{name: m, apiKeys: [sk-m], priority: 1, tokensPerMinute: 1200}]\n"
+        "admin: {apiKeys: [sk-admin]}\n"
+        "redis: {url: 'redis://127.0.0.1:1/0'}\n"
+        "server: {shutdownGrace: 12s}\n"
+    )
+    gateway = Gateway(policy)
+    assert gateway.quota_gate is not None and gateway.quota_gate.exit_by is None
+    before = gateway.clock.now()
+    gateway.draining = True
+    assert before + 12.0 <= gateway.quota_gate.exit_by <= gateway.clock.now() + 12.0
+
+
 async def test_the_heartbeat_refreshes_sights_of_tenants_not_asked_about_lately() -> None:
     clock = FakeClock()
     redis = FakeRedis()

@@ -306,9 +306,11 @@ class FleetQuotas:
             ctrl.tickets[info.request_id] = ticket
         answer(t, None)
 
-    def replica_exits(self, t: float, k: int) -> None:
+    def replica_exits(self, t: float, k: int, hand_back_until: float | None, killed: bool) -> None:
+        """Replica `k` exits: drained (it may hand back until `hand_back_until`, as
+        `sluice serve` does within its shutdown grace) or `killed`."""
         self.records.exits[k] = t
-        self.gates[k].stop(t)
+        self.gates[k].stop(t, hand_back_until, killed=killed)
 
     # -- what the gates tell --------------------------------------------------------------
 

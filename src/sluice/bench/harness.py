@@ -563,7 +563,16 @@ class _Run:
         stats["exited_at"] = t
         self._tell_peers(t)
         if self.quotas is not None:
-            self.quotas.replica_exits(t, k)
+            # drained: `sluice serve` hands back what it admitted alone while Redis was
+            # lost within its shutdown grace from SIGTERM (the pod's SIGKILL may come first)
+            until = None
+            restart = self.fleet.restart
+            if not cut and "sigterm_at" in stats and self.arm.policy is not None:
+                grace = self.arm.policy.server.shutdown_grace
+                if restart is not None:
+                    grace = min(grace, restart.grace)
+                until = stats["sigterm_at"] + grace
+            self.quotas.replica_exits(t, k, until, killed=cut)
         lost = {"queued": 0, "inflight": 0}
         if cut:
             for r in [r for r in self.by_aid.values() if r.gw == k and r.conn == k]:

@@ -160,6 +160,8 @@ class VirtualQuotaGate:
         self._keys = 0
         self._stall_armed = False
         self._woken = False  # woken during a turn: the next one comes at once
+        self._exit_until: float | None = None  # exiting while local: hand back until then
+        self._exit_probe = False
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
         self._owed_tickets: dict[str, list[Ticket]] = {}
         self._flush_pending = False
@@ -445,11 +447,22 @@ class VirtualQuotaGate:
         self._looping = True
         self._loop(t)
 
-    def stop(self, t: float) -> None:
+    def stop(self, t: float, hand_back_until: float | None = None, *, killed: bool = False) -> None:
         """The replica exits (`SharedQuotaGate.stop`): it leaves the count of live
-        processes and sends what is owed; nothing after that."""
-        if self.stopped:
+        processes and sends what is owed; nothing after that. Local, with what it admitted
+        on its own not handed back, it first probes (and hands back) at once, then every
+        reprobe until `hand_back_until` (its SIGTERM plus its grace; None: the one try);
+        `killed` (SIGKILL): nothing."""
+        if self.stopped or self._exit_until is not None:
             return
+        if killed or self.circuit.shared or not self.controller_quotas.owes():
+            self._stopped(t)
+            return
+        self._exit_until = t if hand_back_until is None else max(t, hand_back_until)
+        self._exit_probe = True
+        self._wake(t)
+
+    def _stopped(self, t: float) -> None:
         if self.circuit.shared:
             self._call(t, lambda ts: self.store.leave(ts, self.process), _nothing)
         if self._owed:
@@ -457,11 +470,21 @@ class VirtualQuotaGate:
         self.stopped = True
 
     def _loop(self, t: float) -> None:
-        """One turn of `SharedQuotaGate._background`."""
+        """One turn of `SharedQuotaGate._background` (or, exiting, of its stop)."""
         if self.stopped:
             return
         self._woken = False
         now = self.clock.now()
+        if self._exit_until is not None:
+            done = self.circuit.shared or not self.controller_quotas.owes()
+            if done or (t >= self._exit_until and not self._exit_probe):
+                self._stopped(t)
+            elif self._exit_probe or self.circuit.probe_due():
+                self._exit_probe = False
+                self._probe(t)
+            else:
+                self._wait(t)
+            return
         if self.circuit.probe_due():
             self._probe(t)
         elif self.circuit.shared and now >= self._next_beat:

@@ -213,6 +213,8 @@ class Gateway:
         if value:  # the queued requests retry on another replica (Controller.hand_over)
             self.controller.hand_over()
             self.bridge.pump()
+            if self.quota_gate is not None:  # leaving local: hand back within the grace
+                self.quota_gate.draining(self.clock.now() + self.policy.server.shutdown_grace)
 
     async def _flush_access_log(self) -> None:
         while True:

@@ -251,6 +251,8 @@ class SharedQuotaGate:
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
         self._flush_timer: asyncio.TimerHandle | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._probing: asyncio.Future[None] | None = None  # a probe and its hand-back
+        self.exit_by: float | None = None  # draining: try to hand back until then
         self._client = client if client is not None else _connect(url)
         self._acquire = self._client.register_script(ACQUIRE_LUA)
         self._finish = self._client.register_script(FINISH_LUA)
@@ -283,17 +285,50 @@ class SharedQuotaGate:
             self._on_mode(self.mode)
         self._loop_task = asyncio.create_task(self._background(), name="quota-redis")
 
+    def draining(self, until: float) -> None:
+        """The process drains (SIGTERM): if it leaves while quotas are local, it may try
+        to hand back what it admitted on its own until `until` (its shutdown grace)."""
+        self.exit_by = until
+
     async def stop(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
+        if self._probing is not None and not self._probing.done():
+            # a hand-back cut short would be charged again below (bounded by its timeout)
+            await asyncio.wait({self._probing}, timeout=2 * PROBE_TIMEOUT_S)
+        await self._hand_back_before_exit()
         if self.circuit.shared:  # leave the count of live processes at once
             await self._call(self._client.zrem(processes_key(self._prefix), self.process))
         await self.flush(wait_s=max(0.2, 4 * self.call_timeout_s))
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             await asyncio.wait_for(self._client.aclose(), 1.0)
+
+    async def _hand_back_before_exit(self) -> None:
+        """Leaving while quotas are local: what this process admitted on its own would
+        leave with it, counted nowhere. Probe (and hand back) as the background loop
+        does, until `exit_by` (one try without it); say what is lost if Redis never
+        answers (a SIGKILLed process loses it all the same)."""
+        quotas = self.controller_quotas
+        deadline = self._clock.now() if self.exit_by is None else self.exit_by
+        while not self.circuit.shared and quotas.owes():
+            await self._probe()
+            wait = min(self.circuit.reprobe_s, deadline - self._clock.now())
+            if self.circuit.shared or wait <= 0:
+                break
+            await asyncio.sleep(wait)
+        if not self.circuit.shared and quotas.owes():
+            owed = quotas.hand_back(self._clock.now())
+            log.warning(
+                "leaving while Redis at %s is lost: what this process admitted meanwhile "
+                "(%.0f tokens and %.0f requests of %d tenants) is not handed back",
+                self.url,
+                sum(max(0.0, hb.tokens_charge) for hb in owed.values()),
+                sum(max(0.0, hb.requests_charge) for hb in owed.values()),
+                len(owed),
+            )
 
     # -- the request path -----------------------------------------------------------------
 
@@ -520,7 +555,9 @@ class SharedQuotaGate:
             now = self._clock.now()
             self._wake.clear()  # (a wake during this turn brings the next one at once)
             if self.circuit.probe_due():
-                await self._probe()
+                # shielded: stopping the loop must not cut a hand-back short (stop waits)
+                self._probing = asyncio.ensure_future(self._probe())
+                await asyncio.shield(self._probing)
             elif self.circuit.shared and now >= next_beat:
                 # beat faster at first: replicas starting together learn of each other
                 early = now - started < 2 * self.heartbeat_s
