@@ -127,8 +127,8 @@ async def test_a_debt_is_never_forgiven_and_the_hand_back_has_no_floor(
     redis_server: RedisServer,
 ) -> None:
     """Before, every script took a level below minus a bucket back up to it: in `sluice
-    bench bench/fleet-quotas-hang.yaml` Redis forgave 43,623 of the tokens the
-    hand-backs charged batch-etl (100,000 a minute)."""
+    bench fleet-quotas-hang` Redis forgave 43,623 of the tokens the hand-backs charged
+    batch-etl (100,000 a minute)."""
     a = _gate(redis_server.url, TenantLimits(name="tpm", tokens_per_minute=600))
     rate, conc, _, _ = tenant_keys("tpm")
     client = redis.Redis(port=redis_server.port)

@@ -308,7 +308,7 @@ def test_processes_going_local_together_hold_the_quota_once_however_long() -> No
 
 def test_a_process_that_never_saw_the_count_holds_its_estimated_part_of_the_fleet() -> None:
     """Started while Redis was lost (no count, no sight): before, it held every quota
-    whole (`sluice bench bench/fleet-quotas-hang.yaml`: 4 replacements, shares summing to
+    whole (`sluice bench fleet-quotas-hang`: 4 replacements, shares summing to
     5.0, batch-etl admitted 512,143 tokens a minute against 100,000)."""
     circuit = QuotaCircuit(FakeClock())
     fleet = [0.25]  # what its scrapes estimate (Controller.fleet_share)
@@ -723,7 +723,7 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
 
 async def test_leaving_while_local_hands_back_what_it_admitted_within_its_grace() -> None:
     """Before, a process that exited while Redis was lost took what it had admitted on
-    its own with it (`sluice bench bench/fleet-quotas-hang.yaml`: 12,170 of batch-etl's
+    its own with it (`sluice bench fleet-quotas-hang`: 12,170 of batch-etl's
     tokens, from the replicas replaced during the outage)."""
     clock = FakeClock()
     redis = FakeRedis()
