@@ -160,6 +160,8 @@ class VirtualQuotaGate:
         self._keys = 0
         self._stall_armed = False
         self._woken = False  # woken during a turn: the next one comes at once
+        self._beating = False  # a heartbeat is under way (going local cuts it short)
+        self._beat_gen = 0
         self._exit_until: float | None = None  # exiting while local: hand back until then
         self._exit_probe = False
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
@@ -268,7 +270,12 @@ class VirtualQuotaGate:
             self._schedule(t, functools.partial(_give, answer, ticket))
         if self._on_local is not None:
             self._on_local(t, self)
-        if not self.circuit.confirmed:
+        cut = self._beating
+        if cut:  # cut short: its calls may hang a second each
+            self._beat_gen += 1
+            self._beating = False
+            self._looping = False
+        if cut or not self.circuit.confirmed:  # (suspect: the probe is due at once)
             self._wake(t)
 
     # -- the request path -----------------------------------------------------------------
@@ -588,19 +595,27 @@ class VirtualQuotaGate:
         self._wait(t)
 
     def _beat(self, t: float) -> None:
-        """The processes, the stale sights, then each capped tenant's open requests."""
+        """The processes, the stale sights, then each capped tenant's open requests; cut
+        short when the circuit goes local (`_went_local`), as the gateway cancels it."""
         quotas = self.controller_quotas
+        self._beat_gen += 1
+        gen = self._beat_gen
+        self._beating = True
 
         def alive(ta: float, count: int | None) -> None:
+            if gen != self._beat_gen:
+                return
             if count is None:
-                self._wait(ta)
+                self._beat_done(ta)
                 return
             quotas.set_processes(count, self.clock.now())
             stale = quotas.stale_sights(self.clock.now(), self.heartbeat_s / 4, SIGHTS_PER_BEAT)
-            calls = [self._sight_refresher(name) for name in stale]
+            calls = [self._sight_refresher(name, gen) for name in stale]
             _gather(ta, calls, lambda tb, _ok: heartbeats(tb, list(self._limits)))
 
         def heartbeats(ta: float, names: list[str]) -> None:
+            if gen != self._beat_gen:
+                return
             while names and self.circuit.shared:
                 name = names.pop(0)
                 lim = self._limits.get(name)
@@ -615,7 +630,7 @@ class VirtualQuotaGate:
 
                 self._call(ta, beat, lambda tb, _r: heartbeats(tb, names))
                 return
-            self._wait(ta)
+            self._beat_done(ta)
 
         self._call(
             t,
@@ -623,17 +638,21 @@ class VirtualQuotaGate:
             alive,
         )
 
-    def _sight_refresher(self, tenant: str) -> Call:
-        return lambda t, done: self._refresh_sight(t, tenant, done)
+    def _beat_done(self, t: float) -> None:
+        self._beating = False
+        self._wait(t)
 
-    def _refresh_sight(self, t: float, tenant: str, done: Done) -> None:
+    def _sight_refresher(self, tenant: str, gen: int) -> Call:
+        return lambda t, done: self._refresh_sight(t, tenant, done, gen)
+
+    def _refresh_sight(self, t: float, tenant: str, done: Done, gen: int) -> None:
         lim = self._limits.get(tenant)
         if lim is None:
             done(t, True)
             return
 
         def back(ta: float, sight: Sight | None) -> None:
-            if sight is not None:
+            if sight is not None and gen == self._beat_gen:
                 self._observe(tenant, sight)
             done(ta, sight is not None)
 

@@ -252,6 +252,7 @@ class SharedQuotaGate:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._probing: asyncio.Future[None] | None = None  # a probe and its hand-back
+        self._beating: asyncio.Future[None] | None = None  # a heartbeat
         self.exit_by: float | None = None  # draining: try to hand back until then
         self._client = client if client is not None else _connect(url)
         self._acquire = self._client.register_script(ACQUIRE_LUA)
@@ -293,6 +294,8 @@ class SharedQuotaGate:
     async def stop(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        if self._beating is not None:
+            self._beating.cancel()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
@@ -520,6 +523,8 @@ class SharedQuotaGate:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        if self._beating is not None:
+            self._beating.cancel()
         if self.circuit.confirmed:
             self._log_lost(kind, exc)
         else:
@@ -539,7 +544,7 @@ class SharedQuotaGate:
             "was left of it, until it is back",
             self.url,
             kind,
-            exc or type(exc).__name__,
+            str(exc) or type(exc).__name__,
         )
 
     def _mode_changed(self) -> None:
@@ -562,7 +567,10 @@ class SharedQuotaGate:
                 # beat faster at first: replicas starting together learn of each other
                 early = now - started < 2 * self.heartbeat_s
                 next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
-                await self._beat()
+                # its own task: going local cuts it short (its calls may hang a second
+                # each), so that the probe is not kept waiting
+                self._beating = asyncio.ensure_future(self._beat())
+                await asyncio.wait({self._beating})
             elif not self.circuit.shared:  # (never counted: follow the fleet share)
                 self.controller_quotas.reshare(now)
             with contextlib.suppress(TimeoutError):
