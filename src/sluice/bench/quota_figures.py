@@ -589,7 +589,8 @@ def report_lines(arm: str, quotas: dict[str, Any]) -> list[str]:
                     [
                         name,
                         what,
-                        f"{o['replicas_took_over']} ({_n(o['fraction_sum'], 3)})",
+                        f"{o['replicas_took_over']} ({_n(o['fraction_sum'], 3)}; "
+                        f"{_n(o['fraction_sum_held_max'], 3)})",
                         f"{_n(o[what]['local_admitted'])} / {_n(o[what]['failover_bound'])}",
                         _n(o.get("handed_back", {}).get(what)),
                         f"{_n(ret.get('store_after'))} / {_n(ret.get('ideal_after'))}",
@@ -599,16 +600,17 @@ def report_lines(arm: str, quotas: dict[str, Any]) -> list[str]:
     if rows:
         lines += [
             "While Redis was lost each replica enforced its share (core/quota_failover.py); "
-            "once back, each handed back what it admitted, and kept its share as a second "
-            "check until the others had too.",
+            "once back (or leaving, within its grace), each charged it for what it admitted "
+            "(its use less what its share refilled meanwhile), and kept its share as a "
+            "second check until the others had too.",
             "",
             _md_table(
                 [
                     "tenant",
                     "limit",
-                    "replicas local (sum of shares)",
+                    "replicas local (sum of shares; most held at once)",
                     "admitted locally / failover bound",
-                    "handed back",
+                    "charged back",
                     "Redis after / one exact bucket",
                     "handed out twice / bound",
                 ],
