@@ -16,10 +16,10 @@ of the levels last seen: what the tenant used in the current minute still counts
 the store is back, each process charges it for what it admitted on its own meanwhile
 (`HandBack`: its use as a bucket of its share saw it, `Ledger`, so that what refilled
 meanwhile is not charged again), restoring first the levels it last saw if the store
-lost them (a restart),
-and keeps its share as a second check for as long as the other processes may still be
-local (`handed_back`'s `hold_s`): until they have handed back too, the store does not
-count what they admitted, and a process back first would admit against it.
+lost them (a restart), and keeps its share as a second check for as long as the other
+processes may still be local (`handed_back`'s `hold_s`): until they have handed back
+too, the store does not count what they admitted, and a process back first would admit
+against it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Tenant quotas shared by every gateway process through Redis, failing open to local ones.
 
 With `redis: {url: ...}` in the policy, the shell checks a tenant's quota in Redis before
-`controller.arrive` (one atomic Lua script per check, 50 ms at most) and gives back what
+`controller.arrive` (one atomic Lua script per check; a check still out when Redis is found
+hanging, STALL_S without an answer, is made against the local share) and gives back what
 the request did not use on every way out (refused by the core, dropped from its queue,
 cancelled, finished with its usage). The core Controller then gets `FailoverQuotas`,
 which charges nothing while Redis answers and delegates to an `InProcessQuotas` while it
