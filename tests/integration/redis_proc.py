@@ -63,6 +63,16 @@ class RedisServer:
             assert time.monotonic() < deadline, "redis-server did not answer"
             time.sleep(0.02)
 
+    def pause(self) -> None:
+        """SIGSTOP: it hangs, as under a stalled disk or a partition that drops packets
+        (connections still open, nothing answered)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def unpause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -123,6 +123,37 @@ async def test_max_concurrency_holds_across_processes_and_outlives_a_crashed_one
         await b.stop()
 
 
+async def test_a_debt_is_never_forgiven_and_the_hand_back_has_no_floor(
+    redis_server: RedisServer,
+) -> None:
+    """Before, every script took a level below minus a bucket back up to it: in `sluice
+    bench fleet-quotas-hang` Redis forgave 43,623 of the tokens the hand-backs charged
+    batch-etl (100,000 a minute)."""
+    a = _gate(redis_server.url, TenantLimits(name="tpm", tokens_per_minute=600))
+    rate, conc, _, _ = tenant_keys("tpm")
+    client = redis.Redis(port=redis_server.port)
+
+    def level() -> float:
+        return float(client.hget(rate, "tl"))
+
+    try:
+        # a hand-back of 1,500 tokens to a full bucket of 600: -900, not -600
+        await a._resume(keys=(rate,), args=(0, 600, 0, 1500, -1, -1))
+        assert level() == pytest.approx(-900, abs=1)  # (10 tokens a second refill)
+        # 10 tokens back: -890, not lifted to -600
+        await a._finish(keys=(rate, conc), args=(0, 600, 0, 10, 0, a.process))
+        assert level() == pytest.approx(-890, abs=1)
+        # a request's usage 100 past its charge: no deeper than it was (a report costs
+        # a tenant at most a minute of debt), and not lifted either
+        await a._finish(keys=(rate, conc), args=(0, 600, 0, -100, 0, a.process))
+        assert level() == pytest.approx(-890, abs=1)
+        # the key lives until the bucket would be full again: 1,490 tokens at 10 a second
+        assert 148_000 <= client.pttl(rate) <= 150_000
+    finally:
+        client.close()
+        await a.stop()
+
+
 async def test_parts_of_the_demand_add_up_and_a_restarted_redis_gets_its_levels_back(
     redis_server: RedisServer,
 ) -> None:
@@ -350,3 +381,48 @@ async def test_two_gateways_share_one_quota_and_survive_losing_redis(
         # logged on each change, not per request (a loaded machine may add a short flap)
         assert 1 <= text.count("is not answering") <= 3, text[-3000:]
         assert text.count("answers again") >= 1
+
+
+async def test_a_hanging_redis_costs_a_gateway_a_stall_not_a_timeout_per_request(
+    sim_factory: SimFactory, redis_server: RedisServer
+) -> None:
+    """Redis stopped (SIGSTOP: connections open, nothing answered). Before, each request
+    of a tenant with a quota waited the call's timeout (1 s) and went on unchecked until
+    three timeouts and a failed probe made the gateway local: five requests one after
+    the other took 3 s more than with Redis. Now the first waits for a stall (0.25 s),
+    the others not at all; once Redis answers again, quotas are shared again."""
+    sim = sim_factory("--profile", "tiny", "--speed", "4")
+    gateway = start_gateway([sim.url], POLICY.format(tpm=QUOTA_TOKENS, url=redis_server.url))
+
+    async def one_by_one(client: httpx.AsyncClient, n: int) -> float:
+        started = time.monotonic()
+        for _ in range(n):
+            r = await client.post(
+                gateway.url + COMPLETIONS, json=BODY, headers={"Authorization": "Bearer sk-roomy"}
+            )
+            assert r.status_code == 200, r.text
+        return time.monotonic() - started
+
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            await one_by_one(client, 2)  # warm
+            with_redis = await one_by_one(client, 5)
+            redis_server.pause()
+            paused = time.monotonic()
+            hanging = await one_by_one(client, 5)
+            print(f"5 requests: {with_redis:.3f}s with Redis, {hanging:.3f}s while it hangs")
+            assert hanging - with_redis < 1.0  # before: >= 3 s (three timeouts of 1 s)
+            assert _mode(gateway) == {"redis": 0.0, "local": 1.0}
+            while time.monotonic() - paused < 1.5:  # hung past the probe's timeout: lost
+                await one_by_one(client, 1)
+            redis_server.unpause()
+            deadline = time.monotonic() + 5.0
+            while _mode(gateway)["redis"] != 1.0:
+                assert time.monotonic() < deadline, "the gateway never went back to Redis"
+                await asyncio.sleep(0.1)
+    finally:
+        redis_server.unpause()
+        gateway.stop()
+    text = "\n".join(gateway.output)
+    print("\n".join(line for line in gateway.output if "Redis" in line))
+    assert "is slow" in text and "is not answering" in text and "answers again" in text

@@ -16,7 +16,7 @@ from sluice.bench.quota_store import Outage, QuotaStore
 from sluice.core.clock import FakeClock
 from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
-from sluice.gateway.shared_quota import FLUSH_S, PROBE_TIMEOUT_S
+from sluice.gateway.shared_quota import FLUSH_S, PROBE_TIMEOUT_S, STALL_S
 
 RTT = 0.002
 TENANT = TenantLimits(name="t", tokens_per_minute=600, requests_per_minute=60)
@@ -102,11 +102,12 @@ def test_a_refused_store_goes_local_at_once_and_is_handed_back_then_held() -> No
         loop.run(loop.clock.now() + 0.001)
     back = loop.clock.now()
     assert back < 10.0 + 1.0 + 0.25 + 0.002  # the next probe, seen within a turn of the loop
-    # the store was charged what was admitted locally (1 request, 300 tokens) before
-    # anything else, on its full buckets
+    # the store, full again, was charged what was admitted locally less what the share
+    # refilled meanwhile (core/quota_failover.py Ledger) before anything else: the
+    # request's bucket was full again; 555 - 300 tokens + 10 a second since 5.5 s
     assert store.levels(back, "t", 60, 600) == (
-        pytest.approx(59.0, abs=0.002),
-        pytest.approx(300.0, abs=0.02),
+        60.0,
+        pytest.approx(255.0 + 10 * (back - 5.5), abs=0.1),
     )
     hold = gate.hold_after_return_s
     assert hold == 1.0 + 0.25 + PROBE_TIMEOUT_S
@@ -116,22 +117,22 @@ def test_a_refused_store_goes_local_at_once_and_is_handed_back_then_held() -> No
     assert quotas.acquire("t", 400, loop.clock.now()).ok  # Redis alone again
 
 
-def test_a_hanging_store_times_out_calls_then_a_failed_probe_goes_local() -> None:
+def test_a_hanging_store_stalls_the_checks_out_then_they_are_checked_locally() -> None:
     loop = Loop()
     store = QuotaStore(round_trip_s=RTT, outages=[Outage(5.0, 60.0, failure="timeout")])
     gate = _gate(loop, store)
     gate.start(0.0)
     loop.run(5.0)
     answers = [_check(loop, gate, 10) for _ in range(3)]
-    loop.run(5.999)
-    assert all(a == [] for a in answers)
-    loop.run(6.0)  # the call timeout: unchecked, still shared, a probe due
-    assert all(a[0][1].ok and not a[0][1].shared for a in answers)
-    assert gate.mode == "redis"
-    loop.run(6.0 + PROBE_TIMEOUT_S - 0.001)
-    assert gate.mode == "redis"
-    loop.run(6.0 + PROBE_TIMEOUT_S)
-    assert gate.mode == "local"
+    loop.run(5.0 + STALL_S - 0.001)
+    assert all(a == [] for a in answers) and gate.mode == "redis"
+    loop.run(5.0 + STALL_S)  # none answered for STALL_S: local, every check goes on
+    checks = [(t, k.ok, k.shared) for a in answers for t, k in a]
+    assert checks == [(5.0 + STALL_S, True, False)] * 3
+    assert gate.mode == "local" and not gate.circuit.confirmed
+    assert gate.controller_quotas.acquire("t", 10, loop.clock.now()).ok  # charged locally
+    loop.run(5.0 + STALL_S + PROBE_TIMEOUT_S)  # the probe, at once, got no answer either
+    assert gate.circuit.confirmed
 
 
 def test_the_heartbeat_counts_the_live_processes_and_a_stopped_one_leaves() -> None:
@@ -145,3 +146,24 @@ def test_the_heartbeat_counts_the_live_processes_and_a_stopped_one_leaves() -> N
     b.stop(1.0)
     loop.run(3.0)
     assert a.controller_quotas.processes == 1
+
+
+def test_a_replica_leaving_while_local_hands_back_within_its_grace_unless_killed() -> None:
+    results = []
+    for until, killed in ((12.0, False), (None, False), (12.0, True)):
+        loop = Loop()
+        store = QuotaStore(round_trip_s=RTT, outages=[Outage(5.0, 10.0)])
+        gate = _gate(loop, store)
+        gate.start(0.0)
+        loop.run(5.5)
+        _check(loop, gate, 100)  # refused: local
+        loop.run(5.6)
+        assert gate.controller_quotas.acquire("t", 300, loop.clock.now()).ok
+        gate.stop(6.0, until, killed=killed)  # drained, SIGTERM at 6 s
+        loop.run(20.0)
+        assert gate.stopped
+        results.append(store.levels(20.0, "t", 60, 600)[1])
+    # within its grace: Redis back at 10 s, probed then, the 300 tokens charged (less
+    # the 4.4 s its share refilled meanwhile); with no grace (one try) or killed, lost
+    assert results[0] == pytest.approx(600 - 300 + 10 * (10.25 - 5.6) + 10 * (20 - 10.25), abs=3)
+    assert results[1] == results[2] == 600.0

@@ -74,6 +74,23 @@ def test_finish_gives_back_settles_and_never_lets_a_level_below_minus_a_bucket()
     assert store.levels(60.0, "t", 60, 600) == (60.0, 0.0)  # a minute refills one bucket
 
 
+def test_the_hand_back_has_no_floor_and_no_call_forgives_a_debt() -> None:
+    store = QuotaStore()
+    store.resume(0.0, "t", rpm=60, tpm=600, requests_used=0, tokens_used=1500,
+                 requests_level=-1, tokens_level=-1)  # fmt: skip
+    assert store.levels(0.0, "t", 60, 600) == (60.0, -900.0)  # before: -600, 300 forgiven
+    # 10 tokens back: -890, not lifted to the floor; a usage 100 past its charge stops at
+    # the level it found (a report costs at most a minute of debt), deeper ones too
+    assert store.finish(
+        0.0, "t", rpm=60, tpm=600, requests_back=0, tokens_back=10, releases=0, process="a"
+    ) == (60.0, -890.0)
+    assert store.finish(
+        0.0, "t", rpm=60, tpm=600, requests_back=0, tokens_back=-100, releases=0, process="a"
+    ) == (60.0, -890.0)
+    assert store.forgiven == {("t", "tokens"): 100.0}
+    assert store.levels(89.0, "t", 60, 600) == (60.0, 0.0)  # 890 refilled at 10 a second
+
+
 def test_a_full_bucket_is_no_key_and_a_key_expires_a_second_after_it_would_be_full() -> None:
     store = QuotaStore()
     _acquire(store, 0.0, 60)  # 60 tokens: full again after 6 s, the key gone after 7 s

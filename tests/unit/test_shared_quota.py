@@ -13,10 +13,12 @@ import pytest
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from sluice.config import parse_policy
 from sluice.core.clock import FakeClock, MonotonicClock
 from sluice.core.quota import InProcessQuotas
 from sluice.core.settings import TenantLimits
 from sluice.core.types import Outcome
+from sluice.gateway.app import Gateway
 from sluice.gateway.shared_quota import (
     ACQUIRE_LUA,
     CALL_TIMEOUT_S,
@@ -27,7 +29,7 @@ from sluice.gateway.shared_quota import (
     PROCESSES_LUA,
     RESUME_LUA,
     SIGHT_LUA,
-    TIMEOUTS_TO_SUSPECT,
+    STALL_S,
     FailoverQuotas,
     HandBack,
     QuotaCircuit,
@@ -157,25 +159,59 @@ def test_a_refused_connection_goes_local_at_once_and_is_probed_every_second() ->
     assert c.success() is False
 
 
-def test_timeouts_alone_never_go_local_they_call_for_a_probe() -> None:
+def test_a_timeout_goes_local_at_once_and_a_probe_decides() -> None:
+    """Before, timeouts alone never went local: three in a row called for a probe, and
+    only a failed one went local; every request meanwhile waited for its own timeout."""
     clock = FakeClock()
-    c = QuotaCircuit(clock, timeouts_to_suspect=3)
-    assert c.failure(timeout=True) is False
-    assert c.failure(timeout=True) is False
-    c.success()  # an answer in between starts the count again
-    assert c.failure(timeout=True) is False
-    assert c.failure(timeout=True) is False
-    assert not c.probe_due()
-    assert c.failure(timeout=True) is False
-    assert c.shared and c.probe_due()  # a starved event loop must not fake an outage
-    assert c.success() is False  # the probe answered: still shared, nothing due
-    assert c.shared and not c.probe_due()
-    for _ in range(3):
-        c.failure(timeout=True)
-    assert c.probe_failed() is True  # the probe got no answer either: local
-    assert not c.shared and not c.probe_due()
+    c = QuotaCircuit(clock, reprobe_s=1.0)
+    first, second = c.sent(), c.sent()
+    assert c.failed(first, timeout=True) is True
+    assert not c.shared and not c.confirmed  # only suspect: requests are checked locally
+    assert c.probe_due()  # at once
+    assert c.failed(second, timeout=True) is False  # sent before the change: once only
+    assert c.probe_failed() is True  # the probe got no answer either: an outage, logged
+    assert not c.probe_due() and c.probe_failed() is False
     clock.advance(1.0)
     assert c.probe_due()
+    # a starved event loop, not Redis: the probe answers and quotas are shared again
+    starved = QuotaCircuit(clock)
+    assert starved.failed(starved.sent(), timeout=True) is True
+    assert starved.probe_due() and starved.probe_answered() is True
+    assert starved.shared and not starved.probe_due()
+
+
+def test_calls_out_with_none_answered_for_the_stall_time_go_local() -> None:
+    clock = FakeClock()
+    c = QuotaCircuit(clock, stall_s=0.25)
+    assert c.stall_at() is None
+    a = c.sent()
+    assert c.stall_at() == 0.25
+    clock.advance(0.125)
+    b = c.sent()  # the stall counts from the last answer, not from each call
+    assert c.stall_at() == 0.25
+    clock.advance(0.125)
+    c.answered(a)
+    assert c.stall_at() == 0.5
+    clock.advance(0.125)
+    assert c.stalled() is False and c.shared
+    clock.advance(0.125)
+    assert c.stalled() is True  # b is out, nothing answered for 0.25 s
+    assert not c.shared and not c.confirmed and c.probe_due()
+    assert c.stall_at() is None and c.stalled() is False
+    c.answered(b)  # an answer to a call sent before the loss does not end it
+    assert not c.shared
+
+
+def test_answers_and_failures_from_before_a_change_do_not_count() -> None:
+    c = QuotaCircuit(FakeClock())
+    before_loss = c.sent()
+    assert c.failure(timeout=False) is True  # refused
+    c.answered(before_loss)  # answered late: only the hand-back may end the loss
+    assert not c.shared
+    while_local = c.sent()  # a give-back flushed as the loss began
+    assert c.probe_answered() is True
+    assert c.failed(while_local, timeout=True) is False  # it timed out after the return
+    assert c.shared
 
 
 # -- the core's failover quotas -------------------------------------------------------------
@@ -270,6 +306,57 @@ def test_processes_going_local_together_hold_the_quota_once_however_long() -> No
     assert sum(_drain(q, 33.0 + 600.0) for q in apart) == pytest.approx(1200, abs=3)
 
 
+def test_a_process_that_never_saw_the_count_holds_its_estimated_part_of_the_fleet() -> None:
+    """Started while Redis was lost (no count, no sight): before, it held every quota
+    whole (`sluice bench fleet-quotas-hang`: 4 replacements, shares summing to
+    5.0, batch-etl admitted 512,143 tokens a minute against 100,000)."""
+    circuit = QuotaCircuit(FakeClock())
+    fleet = [0.25]  # what its scrapes estimate (Controller.fleet_share)
+    q = FailoverQuotas(InProcessQuotas(), circuit, fleet_share=lambda: fleet[0])
+    q.set_limits([METERED])
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert _drain(q, 0.0) == 300  # a quarter of 1,200 tokens, full: not all of them
+    assert q.shares["m"].fraction == 0.25
+    fleet[0] = 0.26
+    q.reshare(0.0)  # within 5 %: kept
+    assert q.shares["m"].fraction == 0.25
+    fleet[0] = 0.5  # its scrapes now show half the fleet's requests are its own
+    q.reshare(0.0)
+    assert q.shares["m"].fraction == 0.5
+    assert _drain(q, 0.0) == 0  # the level kept (used up), the capacity and rate doubled
+    # what it used, not what the larger share would hold on top (its unused twin grew too)
+    assert q.hand_back(0.0)["m"].tokens_charge == 300.0
+    assert _drain(q, 30.0) == 300  # 30 s at 10 tokens/s
+    assert q.hand_back(30.0)["m"].tokens_charge == 600.0  # none refilled past its capacity
+    q.set_processes(4, 30.0)  # once counted (Redis back), a count is better evidence
+    fleet[0] = 1.0
+    q.reshare(30.0)
+    assert q.shares["m"].fraction == 0.5  # (the next take-over takes 1/4)
+
+
+def test_with_no_count_nor_estimate_a_process_holds_the_fleet_prior() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit)
+    q.set_limits([METERED])
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert _drain(q, 0.0) == 75  # 1/16 of 1,200 (core/fleet_share.py PRIOR)
+
+
+async def test_the_gateway_gives_its_quotas_the_controllers_fleet_share() -> None:
+    policy = parse_policy(
+        "tenants: [{name: m, apiKeys: [sk-m], priority: 1, tokensPerMinute: 1200}]\n"
+        "admin: {apiKeys: [sk-admin]}\n"
+        "redis: {url: 'redis://127.0.0.1:1/0'}\n"
+    )
+    gateway = Gateway(policy)
+    assert gateway.quota_gate is not None
+    gateway.controller.expect_peers(4)  # `--workers 4`, say
+    assert gateway.quota_gate.controller_quotas.fleet_share is not None
+    assert gateway.quota_gate.controller_quotas.fleet_share() == 0.25
+
+
 def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None:
     q = _lost(0.5, 600.0)
     assert q.hand_back(3.0)["m"] == HandBack(0.0, 0.0, -1.0, 660.0)  # below full: restore
@@ -277,24 +364,88 @@ def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None
     assert q.acquire("m", 100, 3.0).ok
     q.refund("m", 100, 4.0)  # one never ran
     q.settle("m", -40, 5.0)  # the other used 60
-    assert q.hand_back(6.0)["m"] == HandBack(1.0, 60.0, -1.0, 720.0)
+    # (a tenant without a request quota is charged no requests)
+    assert q.hand_back(6.0)["m"] == HandBack(0.0, 60.0, -1.0, 720.0)
     q.handed_back()
     q._circuit.success()  # shared again: nothing more is counted for Redis
     q.release("m", 7.0)
     assert q.hand_back(60.0) == {}  # used nothing since, and the levels are full again
 
 
+def test_the_hand_back_charges_what_the_share_had_not_refilled() -> None:
+    """One process holding the whole quota (1,200 tokens a minute, 20 a second), full
+    when Redis was lost: 1,000 tokens used at once, 600 half a minute later. Before, the
+    hand-back charged the 1,600 whatever the outage's length: back after 90 s, Redis
+    (refilled to 1,200 meanwhile) went to -400 and refused the tenant for 20 s, though
+    it never went past its quota."""
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit)
+    q.set_limits([METERED, TenantLimits(name="r", requests_per_minute=60)])
+    q.set_processes(1, 0.0)
+    q.observe("m", QuotaSight(None, 1200.0, 1.0, 0.0))
+    q.observe("r", QuotaSight(60.0, None, 1.0, 0.0))
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert q.acquire("m", 1000, 0.0).ok
+    assert q.acquire("m", 600, 30.0).ok  # 200 + 30 s x 20 = 800 there
+    assert sum(q.acquire("r", 1, 0.0).ok for _ in range(61)) == 60  # a minute's worth
+    # a bucket that saw it holds 200 + 15 s x 20 = 500 of the 1,200 it would hold unused;
+    # of a minute's requests, 45 refilled
+    assert q.hand_back(45.0) == {
+        "m": HandBack(0.0, 700.0, -1.0, 1200.0),
+        "r": HandBack(15.0, 0.0, 60.0, -1.0),
+    }
+    assert q.hand_back(60.0) == {"m": HandBack(0.0, 400.0, -1.0, 1200.0)}
+    assert q.hand_back(90.0) == {}  # all refilled: nothing to charge (before: 1,600, 60)
+
+
+def test_processes_back_after_a_long_loss_charge_what_one_bucket_would_not_hold() -> None:
+    """Two processes, half of the quota each, full when Redis was lost at 3 s: one uses
+    its 600 tokens at once, the other 300 at 33 s. One exact bucket would hold 600 at
+    3 s, 900 at 33 s, 1,200 from 48 s: back at 63 s, nothing to charge (before: 900, and
+    Redis, full again, went to 300). Back at 23 s, the use less what the shares refilled
+    (the first: 600 - 20 s x 10; the second's share, full, banks no refill: 400 in all
+    where one bucket would be 200 down)."""
+
+    def lost() -> list[FailoverQuotas]:
+        apart = [_lost(0.5, 1200.0) for _ in range(2)]
+        assert _drain(apart[0], 3.0) == 600
+        return apart
+
+    early = lost()
+    assert [q.hand_back(23.0).get("m") for q in early] == [HandBack(0.0, 400.0, -1.0, 1200.0), None]
+    late = lost()
+    assert late[1].acquire("m", 300, 33.0).ok
+    assert [q.hand_back(63.0) for q in late] == [{}, {}]
+
+
+def test_with_no_sight_the_hand_back_credits_no_refill_within_a_minute() -> None:
+    """A process that never heard from Redis does not know what the tenant had used: its
+    share starts full (all of it here, alone by its estimate), but the hand-back credits
+    no refill before the share would have filled from nothing."""
+    circuit = QuotaCircuit(FakeClock())
+    q = FailoverQuotas(InProcessQuotas(), circuit, fleet_share=lambda: 1.0)
+    q.set_limits([METERED])
+    circuit.failure(timeout=False)
+    q.take_over(0.0, {})
+    assert _drain(q, 0.0) == 1200
+    assert q.hand_back(30.0)["m"].tokens_charge == 1200.0  # all of it: 600 refilled since
+    assert _drain(q, 30.0) == 600
+    assert q.hand_back(60.0)["m"].tokens_charge == 1800.0
+    assert q.hand_back(90.0)["m"].tokens_charge == 1200.0  # a minute on: 600 refilled
+
+
 def test_back_from_a_loss_the_share_checks_too_while_others_may_still_be_local() -> None:
     q = _lost(0.5, 600.0)  # half the quota: 330 of the 660 left at 3 s, 10 tokens/s
     assert q.acquire("m", 300, 3.0).ok
-    assert q.hand_back(4.0)["m"].tokens_used == 300
+    assert q.hand_back(4.0)["m"].tokens_charge == 300
     q.handed_back(4.0, hold_s=1.75)
     q._circuit.success()  # Redis has been told: shared again
     # held: what Redis admits is checked against the share too, 30 + 10 tokens left now
     assert not q.acquire("m", 41, 4.0).ok
     assert q.acquire("m", 40, 4.0).ok
     q.settle("m", -20, 4.5)  # it used 20: the share gets them back, Redis had it charged
-    assert q.hand_back(5.0).get("m", HandBack(0, 0, 0, 0)).tokens_used == 0
+    assert q.hand_back(5.0).get("m", HandBack(0, 0, 0, 0)).tokens_charge == 0
     assert not q.acquire("m", 100, 5.7).ok
     assert q.acquire("m", 100, 5.75).ok  # the hold is over: Redis's answer alone
 
@@ -401,31 +552,64 @@ async def test_redis_down_goes_local_once_and_requests_stop_trying_it() -> None:
     await gate.stop()
 
 
-async def test_a_hanging_redis_costs_a_request_the_call_timeout_until_a_probe_fails() -> None:
+async def test_a_hanging_redis_costs_the_first_requests_a_stall_then_none() -> None:
+    """Before: each request waited the call's timeout (1 s) and went on unchecked, until
+    three timeouts and a failed probe made the process local."""
     redis = FakeRedis()
-    gate, modes, errors = make_gate(MonotonicClock(), redis)
+    gate, modes, _ = make_gate(MonotonicClock(), redis)
     await gate.start()
-    await settle()
+    await settle()  # its first heartbeat: 1 process, no sight
     hang = asyncio.Event()
-    redis.answer = lambda name, args: hang.wait()
+
+    async def hung() -> Any:
+        await hang.wait()
+        return [1, b"0", *NO_SIGHT]
+
+    redis.answer = lambda name, args: hung()
     redis.ping_hangs = True
     loop = asyncio.get_running_loop()
     started = loop.time()
-    while gate.mode == "redis":
-        t0 = loop.time()
-        t = await gate.acquire("capped", 100)
-        assert t.ok and not t.shared  # fail open, one request at a time
-        assert loop.time() - t0 < CALL_TIMEOUT_S + 0.2  # slack for a loaded machine
-        within = TIMEOUTS_TO_SUSPECT * CALL_TIMEOUT_S + PROBE_TIMEOUT_S + 1.0
-        assert loop.time() - started < within, "never went local"
-    # three timeouts called for a probe; its PING hung too: local
-    assert loop.time() - started >= PROBE_TIMEOUT_S
-    assert modes == ["redis", "local"]
-    assert set(errors) == {"timeout"}
+    tickets = await asyncio.gather(*(gate.acquire("capped", 100) for _ in range(5)))
+    waited = loop.time() - started
+    assert all(t.ok and not t.shared for t in tickets)
+    assert STALL_S <= waited < CALL_TIMEOUT_S  # together, the stall time: not a timeout each
+    assert gate.mode == "local" and modes == ["redis", "local"]
+    # checked against this process's share, not let through: its 2 slots (of 1 process)
+    q = gate.controller_quotas
+    now = gate._clock.now()
+    assert q.acquire("capped", 100, now).ok and q.acquire("capped", 100, now).ok
+    assert q.acquire("capped", 100, now).retry_after_s == 1.0
+    calls = len(redis.calls)
+    started = loop.time()
+    assert not (await gate.acquire("capped", 100)).shared
+    assert loop.time() - started < STALL_S and len(redis.calls) == calls  # no wait, no call
+    hang.set()  # Redis answers at last: the 5 late charges come off the hand-back
+    await settle()
     assert gate._open["capped"] == 0
-    before = len(redis.calls)
-    assert (await gate.acquire("capped", 100)).ok
-    assert len(redis.calls) == before
+    charge = q.hand_back(gate._clock.now())["capped"].tokens_charge
+    assert charge == pytest.approx(2 * 100 - 5 * 100, abs=1)  # (less a few ms' refill)
+    await gate.stop()
+
+
+async def test_a_check_answered_after_its_request_went_on_locally_is_handed_back() -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    answer = asyncio.get_running_loop().create_future()
+    redis.answer = lambda name, args: answer if name == "acquire" else default_answer(name, args)
+    waiting = [asyncio.ensure_future(gate.acquire("capped", 100)) for _ in range(2)]
+    await settle()
+    clock.advance(STALL_S)  # no answer for that long: the next request finds a stall
+    assert not (await gate.acquire("capped", 100)).shared
+    assert gate.mode == "local"
+    assert [t.shared for t in await asyncio.gather(*waiting)] == [False, False]  # at once
+    q = gate.controller_quotas
+    assert q.acquire("capped", 100, clock.now()).ok  # one of them admitted locally
+    answer.set_result([1, b"0", *NO_SIGHT])  # and Redis charged both after all
+    await settle()
+    # 1 request and 100 tokens admitted here, 2 and 200 charged in Redis: 1 and 100 back
+    assert q.hand_back(clock.now()) == {"capped": HandBack(-1.0, -100.0, -1.0, -1.0)}
+    assert gate._open["capped"] == 0 and gate._charged["capped"] == 0
     await gate.stop()
 
 
@@ -526,13 +710,75 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
             break
         await asyncio.sleep(0.01)
     assert modes[-2:] == ["local", "redis"]
-    # 1 request and 250 tokens used locally; levels last seen 1000 + 1 s x 20 tokens
-    assert redis.named("resume") == [(60, 1200, 1.0, 250.0, 60.0, 1020.0)]
+    # 1 request and 250 tokens used locally, its share 0.9 x 1 + 0.1 / 16 (no count: the
+    # fleet prior) = 0.90625 of each quota refilled 0.90625 requests in the second since;
+    # levels last seen 1000 + 1 s x 20 tokens
+    assert redis.named("resume") == [(60, 1200, 0.09375, 250.0, 60.0, 1020.0)]
     assert mode_at_resume == ["local"]  # requests go to Redis only once it knows
     # and for as long as another process may take to hand back, the share checks too
     assert gate.hold_after_return_s == 1.0 + 0.25 + PROBE_TIMEOUT_S
     assert q.hold_until == clock.now() + gate.hold_after_return_s
     await gate.stop()
+
+
+async def test_leaving_while_local_hands_back_what_it_admitted_within_its_grace() -> None:
+    """Before, a process that exited while Redis was lost took what it had admitted on
+    its own with it (`sluice bench fleet-quotas-hang`: 12,170 of batch-etl's
+    tokens, from the replicas replaced during the outage)."""
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate = SharedQuotaGate("redis://fake", [CAPPED, FREE], clock, client=redis, reprobe_s=0.01)
+    gate.controller_quotas.set_processes(1, 0.0)
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    assert not (await gate.acquire("capped", 100)).shared and gate.mode == "local"
+    assert gate.controller_quotas.acquire("capped", 100, clock.now()).ok  # admitted here
+    pings: list[bool] = []
+
+    async def ping() -> bool:  # Redis answers the third probe
+        pings.append(len(pings) >= 2)
+        if not pings[-1]:
+            raise RedisConnectionError("Connection refused")
+        return True
+
+    redis.ping = ping  # type: ignore[method-assign]
+    redis.answer = default_answer
+    gate.draining(clock.now() + 30.0)  # SIGTERM, with the policy's shutdown grace
+    await gate.stop()
+    assert pings == [False, False, True]
+    # the level unknown (-1): the request and its 100 tokens, nothing refilled yet
+    assert redis.named("resume") == [(60, 1200, 1.0, 100.0, -1.0, -1.0)]
+    assert redis.named("zrem") == [(gate.process,)]  # and it left the count of processes
+
+
+async def test_leaving_while_redis_stays_lost_says_what_is_not_handed_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    redis = FakeRedis()
+    gate, _, _ = make_gate(clock, redis)
+    gate.controller_quotas.set_processes(1, 0.0)
+    redis.answer = lambda name, args: RedisConnectionError("Connection refused")
+    redis.ping_fails = True
+    assert not (await gate.acquire("capped", 100)).shared
+    assert gate.controller_quotas.acquire("capped", 250, clock.now()).ok
+    with caplog.at_level("WARNING", logger="sluice.quota"):
+        await gate.stop()  # no grace given: one try
+    assert redis.pings == 1 and redis.named("resume") == []
+    assert "(250 tokens and 1 requests of 1 tenants) is not handed back" in caplog.text
+
+
+async def test_the_gateway_draining_gives_its_quotas_the_shutdown_grace() -> None:
+    policy = parse_policy(
+        "tenants: [{name: m, apiKeys: [sk-m], priority: 1, tokensPerMinute: 1200}]\n"
+        "admin: {apiKeys: [sk-admin]}\n"
+        "redis: {url: 'redis://127.0.0.1:1/0'}\n"
+        "server: {shutdownGrace: 12s}\n"
+    )
+    gateway = Gateway(policy)
+    assert gateway.quota_gate is not None and gateway.quota_gate.exit_by is None
+    before = gateway.clock.now()
+    gateway.draining = True
+    assert before + 12.0 <= gateway.quota_gate.exit_by <= gateway.clock.now() + 12.0
 
 
 async def test_the_heartbeat_refreshes_sights_of_tenants_not_asked_about_lately() -> None:

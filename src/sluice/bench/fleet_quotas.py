@@ -32,7 +32,7 @@ from sluice.bench.quota_gate import Ticket, VirtualQuotaGate
 from sluice.bench.quota_store import QuotaStore, StoreSpec
 from sluice.core.clock import Clock, FakeClock
 from sluice.core.controller import Controller
-from sluice.core.quota import local_fraction, settlement
+from sluice.core.quota import settlement
 from sluice.core.quota_failover import HandBack
 from sluice.core.retry_after import deadline_code
 from sluice.core.settings import CoreSettings, TenantLimits
@@ -69,6 +69,8 @@ class QuotaRecords:
     admitted: dict[str, Admitted] = field(default_factory=dict)  # by request id
     refusals: list[dict[str, Any]] = field(default_factory=list)
     take_overs: list[dict[str, Any]] = field(default_factory=list)
+    reshares: list[dict[str, Any]] = field(default_factory=list)  # t, replica, fractions
+    exits: dict[int, float] = field(default_factory=dict)  # replica: when it stopped
     hand_backs: list[dict[str, Any]] = field(default_factory=list)
     store_levels: list[dict[str, Any]] = field(default_factory=list)
 
@@ -231,6 +233,7 @@ class FleetQuotas:
             rng=random.Random(f"{self._seed}/quota/{k}"),
             on_local=functools.partial(self._took_over, replica=k),
             on_hand_back=functools.partial(self._handed_back, replica=k),
+            on_reshare=functools.partial(self._reshared, replica=k),
         )
         ctrl = TicketedController(
             settings,
@@ -243,6 +246,8 @@ class FleetQuotas:
             virtual=self._clock,
             **kwargs,
         )
+        # as gateway/app.py: with no count of the processes, the part of the fleet it estimates
+        gate.controller_quotas.fleet_share = ctrl.fleet_share
         self.gates.append(gate)
         self.ctrls.append(ctrl)
         gate.start(t)
@@ -301,33 +306,41 @@ class FleetQuotas:
             ctrl.tickets[info.request_id] = ticket
         answer(t, None)
 
-    def replica_exits(self, t: float, k: int) -> None:
-        self.gates[k].stop(t)
+    def replica_exits(self, t: float, k: int, hand_back_until: float | None, killed: bool) -> None:
+        """Replica `k` exits: drained (it may hand back until `hand_back_until`, as
+        `sluice serve` does within its shutdown grace) or `killed`."""
+        self.records.exits[k] = t
+        self.gates[k].stop(t, hand_back_until, killed=killed)
 
     # -- what the gates tell --------------------------------------------------------------
 
     def _took_over(self, t: float, gate: VirtualQuotaGate, *, replica: int) -> None:
         quotas = gate.controller_quotas
-        now = gate.clock.now()
-        offset = now - t  # the replica's clock less virtual time
+        offset = gate.clock.now() - t  # the replica's clock less virtual time
         shares = {}
-        for name in self.tenants:
-            if gate.limits(name) is None:
+        for name, lim in self.tenants.items():
+            share = quotas.shares.get(name)
+            if share is None:
                 continue
             sight = quotas.sight(name)
-            rl, tl = quotas.local.levels(name, now)
+            f = share.fraction
             shares[name] = {
-                "fraction": local_fraction(
-                    None if sight is None else sight.part, quotas.processes, quotas.floor
-                ),
-                "requests_level": rl,
-                "tokens_level": tl,
+                "fraction": f,
+                # where its local buckets started: f of the levels estimated (None: full)
+                "requests_level": _start(f, lim.requests_per_minute, share.requests_level),
+                "tokens_level": _start(f, lim.tokens_per_minute, share.tokens_level),
                 "sight_at": None if sight is None else sight.at - offset,
                 "sight_tokens_level": None if sight is None else sight.tokens_level,
                 "sight_part": None if sight is None else sight.part,
             }
         self.records.take_overs.append(
             {"t": t, "replica": replica, "processes": quotas.processes, "tenants": shares}
+        )
+
+    def _reshared(self, t: float, gate: VirtualQuotaGate, *, replica: int) -> None:
+        shares = gate.controller_quotas.shares
+        self.records.reshares.append(
+            {"t": t, "replica": replica, "tenants": {n: s.fraction for n, s in shares.items()}}
         )
 
     def _handed_back(
@@ -343,8 +356,8 @@ class FleetQuotas:
                 "replica": replica,
                 "owed": {
                     name: {
-                        "requests_used": hb.requests_used,
-                        "tokens_used": hb.tokens_used,
+                        "requests_charge": hb.requests_charge,
+                        "tokens_charge": hb.tokens_charge,
                         "requests_level": hb.requests_level,
                         "tokens_level": hb.tokens_level,
                     }
@@ -353,3 +366,10 @@ class FleetQuotas:
                 "store_after": levels,
             }
         )
+
+
+def _start(fraction: float, per_minute: int, level: float | None) -> float | None:
+    """A local bucket's level when its share was taken (None: no such limit)."""
+    if per_minute <= 0:
+        return None
+    return fraction * (per_minute if level is None else min(per_minute, level))

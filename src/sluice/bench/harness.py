@@ -481,14 +481,18 @@ class _Run:
             ctrl.set_backend_health(name, True)
         self.ctrls.append(ctrl)
         self._replica_state(t, clock)
-        self._tell_peers()
+        self._tell_peers(t)
         return k
 
-    def _tell_peers(self) -> None:
+    def _tell_peers(self, t: float) -> None:
         """Every live replica learns how many are live, as Redis's count of the processes
         sharing the quotas tells them (gateway/shared_quota.py: a process registers when
-        it starts and leaves the count when it exits), when the fleet says so."""
+        it starts and leaves the count when it exits), when the fleet says so. With a
+        quota store, only while it answers: a replica that starts while it is lost has no
+        count, the others keep theirs, until it is back (`_tell_peers` again then)."""
         if not self.fleet.known_peers or self.arm.gateway is not None:
+            return
+        if self.quotas is not None and self.quotas.store.failure(t) is not None:
             return
         live = self._live()
         for k in live:
@@ -557,9 +561,18 @@ class _Run:
             self.ready.remove(k)
         stats = self.gw_stats[k]
         stats["exited_at"] = t
-        self._tell_peers()
+        self._tell_peers(t)
         if self.quotas is not None:
-            self.quotas.replica_exits(t, k)
+            # drained: `sluice serve` hands back what it admitted alone while Redis was
+            # lost within its shutdown grace from SIGTERM (the pod's SIGKILL may come first)
+            until = None
+            restart = self.fleet.restart
+            if not cut and "sigterm_at" in stats and self.arm.policy is not None:
+                grace = self.arm.policy.server.shutdown_grace
+                if restart is not None:
+                    grace = min(grace, restart.grace)
+                until = stats["sigterm_at"] + grace
+            self.quotas.replica_exits(t, k, until, killed=cut)
         lost = {"queued": 0, "inflight": 0}
         if cut:
             for r in [r for r in self.by_aid.values() if r.gw == k and r.conn == k]:
@@ -632,6 +645,8 @@ class _Run:
                 self.push(restart.at + k * restart.every, _FLEET, ("replace", k))
         if self.quotas is not None:
             self.quotas.start()
+            for o in self.quotas.store.outages:
+                self._call(o.back, self._tell_peers)
         heap = self.heap
         pop = heapq.heappop
         progress_every = 2000

@@ -36,14 +36,21 @@ loss and ending during it settle into the share they end on. Together:
     admitted locally <= sum_k [start_k + f_k * quota * (back - local_k) / 60]
                         + given back by earlier requests + overdraw of the local ones
 
-After the return each replica hands back what it admitted on its own (`HandBack`; a
-store that came back empty first gets the level the first replica back last saw), and
-keeps its share as a second check until the others may have handed back too. Once all
-have, `handed_out_twice` is the store's level less the ideal's: what the store offers
-that one exact quota would not. It is bounded by what the store never learns of: the
-overdraw unsettled at the loss, that of the requests admitted locally, and the error of a
-restored level (`bound`); without the hand-back it would be about everything used during
-the outage. From then on the excess stays within `handed_out_twice` plus X(t).
+A replica with no count of the processes (started while the store was lost) follows the
+part of the fleet it estimates (`reshares`): its refill is integrated over its fraction's
+moves.
+
+After the return each replica hands back what it admitted on its own (`HandBack`: its
+use less what its share refilled meanwhile, core/quota_failover.py `Ledger`; a store that
+came back empty first gets the level the first replica back last saw), and keeps its
+share as a second check until the others may have handed back too. Once all have,
+`handed_out_twice` is the store's level less the ideal's: what the store offers that one
+exact quota would not. It is bounded by what the store never learns of: the overdraw
+unsettled at the loss, that of the requests admitted locally, the error of a restored
+level, what replicas that exited unhanded admitted, and the refill credited by shares
+that together held more than one quota (`bound`); without the hand-back it would be about
+everything used during the outage. From then on the excess stays within
+`handed_out_twice` plus X(t).
 """
 
 from __future__ import annotations
@@ -234,6 +241,9 @@ def _outage(
         if at <= tk["t"] < back and name in tk["tenants"]:
             takes.setdefault(tk["replica"], {"t": tk["t"], **tk["tenants"][name]})
     shares = [{"replica": k, **{key: _r(v, 4) for key, v in s.items()}} for k, s in takes.items()]
+    # each share's fraction over time: a replica with no count follows its fleet share
+    following = min((o.at for o in q.store.outages if o.at >= back), default=math.inf)
+    moves = {k: _fractions(q, k, name, s["t"], s["fraction"], following) for k, s in takes.items()}
     local = [r for r in recs if r.mode == LOCAL and at <= r.charged_at < back]
     # requests admitted through the store before the loss that gave back while it was
     # lost: what they did not use went to the local share they ended on
@@ -243,6 +253,9 @@ def _outage(
         "back_s": back,
         "replicas_took_over": len(takes),
         "fraction_sum": _r(sum(s["fraction"] for s in takes.values()), 4),
+        # the most the replicas held at once (from the take-over to the exit or the
+        # hand-back), as each share moved
+        "fraction_sum_held_max": _r(_held_max(q, moves, back), 4),
         "shares": shares,
         "unchecked_requests": sum(
             1 for r in recs if r.mode == UNCHECKED and at <= r.charged_at < back
@@ -253,7 +266,7 @@ def _outage(
             continue
         level = f"{what}_level"
         start = sum(s[level] for s in takes.values() if s[level] is not None)
-        refill = sum(s["fraction"] * cap * (back - s["t"]) / 60 for s in takes.values())
+        refill = sum(_share_refill(points, cap, back) for points in moves.values())
         if what == "tokens":
             admitted = float(sum(_final(r) for r in local))
             given = float(sum(max(0, r.charge - _final(r)) for r in held))
@@ -273,12 +286,55 @@ def _outage(
             "given_back_by_earlier": _r(given),
             "local_overdraw": _r(overdraw),
         }
-    out.update(_return(q, lim, recs, at, back))
+    out.update(_return(q, lim, recs, at, back, moves))
     return out
 
 
+def _fractions(
+    q: FleetQuotas, replica: int, name: str, t0: float, f0: float, until: float
+) -> list[tuple[float, float]]:
+    """A replica's share of a tenant's quota from its take-over at `t0` (before `until`,
+    the next outage): (from, fraction)."""
+    points = [(t0, f0)]
+    for r in q.records.reshares:
+        if r["replica"] == replica and t0 < r["t"] < until and name in r["tenants"]:
+            points.append((r["t"], r["tenants"][name]))
+    return points
+
+
+def _share_refill(points: list[tuple[float, float]], cap: float, until: float) -> float:
+    """What a share refills from its take-over to `until`, at each fraction's rate."""
+    total = 0.0
+    for (t, f), (nxt, _) in zip(points, [*points[1:], (until, 0.0)], strict=True):
+        total += f * cap * max(0.0, min(nxt, until) - t) / 60
+    return total
+
+
+def _held_max(q: FleetQuotas, moves: dict[int, list[tuple[float, float]]], back: float) -> float:
+    """The largest sum of the shares held at once: each from its take-over until its
+    replica exits or hands back."""
+    ends = {}
+    for k in moves:
+        ended = [h["t"] for h in q.records.hand_backs if h["replica"] == k and h["t"] >= back]
+        ends[k] = min([q.records.exits.get(k, math.inf), *ended])
+    times = sorted({t for points in moves.values() for t, _ in points})
+    best = 0.0
+    for t in times:
+        held = 0.0
+        for k, points in moves.items():
+            if points[0][0] <= t < ends[k]:
+                held += next(f for start, f in reversed(points) if start <= t)
+        best = max(best, held)
+    return best
+
+
 def _return(
-    q: FleetQuotas, lim: TenantLimits, recs: list[Admitted], at: float, back: float
+    q: FleetQuotas,
+    lim: TenantLimits,
+    recs: list[Admitted],
+    at: float,
+    back: float,
+    moves: dict[int, list[tuple[float, float]]],
 ) -> dict[str, Any]:
     """The store once every replica has handed back after the outage `at`..`back`."""
     name = lim.name
@@ -297,7 +353,7 @@ def _return(
         "hand_back_done_s": _r(last["t"], 3),
         "handed_back": {
             what: _r(
-                sum(h["owed"][name][f"{what}_used"] for h in firsts.values() if name in h["owed"])
+                sum(h["owed"][name][f"{what}_charge"] for h in firsts.values() if name in h["owed"])
             )
             for what in ("tokens", "requests")
         },
@@ -332,6 +388,13 @@ def _return(
         gone = float(sum(amount(r) for r in since if r.mode == LOCAL and r.replica not in firsts))
         # a debt past minus a bucket, wiped off by the store's floor (the hand-back's too)
         forgiven = q.store.forgiven.get((name, what), 0.0)
+        # each hand-back credits what its share refilled (core/quota_failover.py Ledger):
+        # shares that add up to more than one quota at once credit more than one bucket
+        # refilled in the same time
+        credited = sum(
+            _share_refill(moves[k], cap, h["t"]) for k, h in firsts.items() if k in moves
+        )
+        refill_over_one = max(0.0, credited - cap * (last["t"] - at) / 60)
         out[f"return_{what}"] = {
             "store_after": _r(store),
             "ideal_after": _r(ideal.level),
@@ -347,6 +410,7 @@ def _return(
                 + unchecked
                 + gone
                 + forgiven
+                + refill_over_one
             ),
             "overdraw_at_loss": _r(overdraw_at_loss),
             "local_overdraw": _r(local_overdraw),
@@ -354,6 +418,7 @@ def _return(
             "unchecked": _r(unchecked),
             "not_handed_back": _r(gone),
             "forgiven": _r(forgiven),
+            "refill_over_one": _r(refill_over_one),
             "store_at_loss": _r(lost.get(what)),
         }
     return out
@@ -399,7 +464,7 @@ def quota_results(q: FleetQuotas, duration: float) -> dict[str, Any]:
         },
         "periods": periods(duration, [(o.at, o.back) for o in spec.outages]),
         "replicas": [
-            {"replica": k, "went_local": g.went_local, "unchecked": g.unchecked}
+            {"replica": k, "went_local": g.went_local, "unchecked": g.unchecked, "late": g.late}
             for k, g in enumerate(q.gates)
         ],
         "tenants": tenants,
@@ -524,7 +589,8 @@ def report_lines(arm: str, quotas: dict[str, Any]) -> list[str]:
                     [
                         name,
                         what,
-                        f"{o['replicas_took_over']} ({_n(o['fraction_sum'], 3)})",
+                        f"{o['replicas_took_over']} ({_n(o['fraction_sum'], 3)}; "
+                        f"{_n(o['fraction_sum_held_max'], 3)})",
                         f"{_n(o[what]['local_admitted'])} / {_n(o[what]['failover_bound'])}",
                         _n(o.get("handed_back", {}).get(what)),
                         f"{_n(ret.get('store_after'))} / {_n(ret.get('ideal_after'))}",
@@ -534,16 +600,17 @@ def report_lines(arm: str, quotas: dict[str, Any]) -> list[str]:
     if rows:
         lines += [
             "While Redis was lost each replica enforced its share (core/quota_failover.py); "
-            "once back, each handed back what it admitted, and kept its share as a second "
-            "check until the others had too.",
+            "once back (or leaving, within its grace), each charged it for what it admitted "
+            "(its use less what its share refilled meanwhile), and kept its share as a "
+            "second check until the others had too.",
             "",
             _md_table(
                 [
                     "tenant",
                     "limit",
-                    "replicas local (sum of shares)",
+                    "replicas local (sum of shares; most held at once)",
                     "admitted locally / failover bound",
-                    "handed back",
+                    "charged back",
                     "Redis after / one exact bucket",
                     "handed out twice / bound",
                 ],

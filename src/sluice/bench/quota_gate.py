@@ -10,15 +10,18 @@ the shell's I/O, in the same order as `SharedQuotaGate`:
 * a request of a tenant with a quota is checked in the store before the Controller sees
   it (`acquire`): the call reaches the store half a round trip after it is sent and the
   answer is back half a round trip later; a refused call fails after the round trip, one
-  the store never answers at the call's timeout (1 s); a failed call lets the request go
-  on (fail open) and teaches the circuit; while local, no call is made;
+  the store never answers at the call's timeout (1 s); calls out with none answered for
+  `STALL_S` are stalled; a failed or stalled call makes the circuit go local, and every
+  request still waiting for its check goes on at once, checked by the local share;
+  while local, no call is made;
 * what a finished request gives back (`close`, the ticket's rule: never ran, all of it;
   ran, by its usage) is summed per tenant and sent in one call `FLUSH_S` later; while
   local it is not sent (the local quotas have it);
 * a background loop wakes every quarter of a second: while local it probes (a PING, then
   the hand-back, within `PROBE_TIMEOUT_S`) every `REPROBE_S`; while shared it beats every
   `HEARTBEAT_S` (faster in its first seconds): the live processes, the stale sights, the
-  open requests of capped tenants; a probe is due at once after timeouts in a row.
+  open requests of capped tenants; a probe is due at once when a timeout or a stall made
+  the circuit go local, and a wake during a turn brings the next turn at once.
 
 Events go through `schedule(t, fn)` (the harness's heap); `fn(t)` runs at virtual time `t`.
 The circuit and the sights read the replica's own clock; the store its own time. Not
@@ -28,6 +31,7 @@ clients' deadlines are seconds), the quota-mode metrics and logs.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -57,6 +61,7 @@ from sluice.gateway.shared_quota import (
     RETRY_MIN_S,
     SIGHTS_PER_BEAT,
     STALE_AFTER_S,
+    STALL_S,
 )
 
 T = TypeVar("T")
@@ -104,7 +109,9 @@ class VirtualQuotaGate:
     """`SharedQuotaGate` of one replica, in virtual time (module docstring).
 
     `on_local(t, gate)` is told when the circuit goes local (after the take-over);
-    `on_hand_back(t, gate, owed)` when the hand-back is in (before the circuit closes)."""
+    `on_reshare(t, gate)` when a share moved with the fleet share (no count of the
+    processes); `on_hand_back(t, gate, owed)` when the hand-back is in (before the circuit
+    closes)."""
 
     def __init__(
         self,
@@ -117,10 +124,12 @@ class VirtualQuotaGate:
         rng: random.Random,
         on_local: Callable[[float, VirtualQuotaGate], None] | None = None,
         on_hand_back: Callable[[float, VirtualQuotaGate, dict[str, HandBack]], None] | None = None,
+        on_reshare: Callable[[float, VirtualQuotaGate], None] | None = None,
         call_timeout_s: float = CALL_TIMEOUT_S,
         reprobe_s: float = REPROBE_S,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self.store = store
         self.clock = clock  # the replica's own
@@ -129,12 +138,13 @@ class VirtualQuotaGate:
         self._rng = rng
         self._on_local = on_local
         self._on_hand_back = on_hand_back
+        self._on_reshare = on_reshare
         self.call_timeout_s = call_timeout_s
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
         # as SharedQuotaGate's: how long another process may still be local after a return
         self.hold_after_return_s = reprobe_s + min(reprobe_s, heartbeat_s) / 4 + PROBE_TIMEOUT_S
-        self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s)
+        self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s, stall_s=stall_s)
         self._limits: dict[str, TenantLimits] = {}
         self.controller_quotas = FailoverQuotas(
             InProcessQuotas(concurrency_retry_s=CONCURRENCY_RETRY_S),
@@ -145,6 +155,15 @@ class VirtualQuotaGate:
         self._open: dict[str, int] = {}  # charged in the store and not yet finished
         self._charged: dict[str, int] = {}  # of those, the ones the store said yes to
         self._busy: dict[str, int] = {}  # calls in flight per tenant
+        # requests waiting for their check, by a key: tenant, tokens, where to answer
+        self._waiting: dict[int, tuple[str, int, Callable[[float, Ticket], None]]] = {}
+        self._keys = 0
+        self._stall_armed = False
+        self._woken = False  # woken during a turn: the next one comes at once
+        self._beating = False  # a heartbeat is under way (going local cuts it short)
+        self._beat_gen = 0
+        self._exit_until: float | None = None  # exiting while local: hand back until then
+        self._exit_probe = False
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
         self._owed_tickets: dict[str, list[Ticket]] = {}
         self._flush_pending = False
@@ -155,6 +174,7 @@ class VirtualQuotaGate:
         self.stopped = False
         self.went_local = 0
         self.unchecked = 0  # requests let through unchecked: their call failed, still shared
+        self.late = 0  # checks answered after their request went on (checked locally)
 
     @property
     def mode(self) -> str:
@@ -183,42 +203,80 @@ class VirtualQuotaGate:
         rtt = self.store.round_trip(self._rng)
         limit = self.call_timeout_s if timeout_s is None else timeout_s
         late = rtt >= limit  # answered, but after the caller gave up
+        epoch = -1
+        if not raw:
+            epoch = self.circuit.sent()
+            self._watch_stall(t)
 
         def at_store(ts: float) -> None:
             failure = self.store.failure(ts)
             if failure is None:
                 result = op(ts)
                 if not late:
-                    self._schedule(ts + rtt / 2, lambda ta: self._answer(ta, result, then, raw))
+                    self._schedule(
+                        ts + rtt / 2, lambda ta: self._answer(ta, result, then, raw, epoch)
+                    )
             elif failure == "refused" and not late:
-                self._schedule(ts + rtt / 2, lambda ta: self._fail(ta, "connection", then, raw))
+                self._schedule(
+                    ts + rtt / 2, lambda ta: self._fail(ta, "connection", then, raw, epoch)
+                )
             elif not late:
-                self._schedule(t + limit, lambda ta: self._fail(ta, "timeout", then, raw))
+                self._schedule(t + limit, lambda ta: self._fail(ta, "timeout", then, raw, epoch))
 
         self._schedule(t + rtt / 2, at_store)
         if late:
-            self._schedule(t + limit, lambda ta: self._fail(ta, "timeout", then, raw))
+            self._schedule(t + limit, lambda ta: self._fail(ta, "timeout", then, raw, epoch))
 
     def _answer(
-        self, t: float, result: T, then: Callable[[float, T | None], None], raw: bool
+        self, t: float, result: T, then: Callable[[float, T | None], None], raw: bool, epoch: int
     ) -> None:
         if not raw and not self.stopped:
-            self.circuit.success()
+            self.circuit.answered(epoch)
         then(t, result)
 
-    def _fail(self, t: float, kind: str, then: Callable[[float, Any], None], raw: bool) -> None:
-        if not raw and not self.stopped:
-            if self.circuit.failure(timeout=kind == "timeout"):
-                self._went_local(t)
-            elif self.circuit.probe_due():
-                self._wake(t)
+    def _fail(
+        self, t: float, kind: str, then: Callable[[float, Any], None], raw: bool, epoch: int
+    ) -> None:
+        if not raw and not self.stopped and self.circuit.failed(epoch, timeout=kind == "timeout"):
+            self._went_local(t)
         then(t, None)
 
+    def _watch_stall(self, t: float) -> None:
+        """`SharedQuotaGate._watch_stall`: one timer for the calls out."""
+        at = self.circuit.stall_at()
+        if at is None or self._stall_armed or self.stopped:
+            return
+        self._stall_armed = True
+        self._schedule(t + max(0.0, at - self.clock.now()), self._stall_due)
+
+    def _stall_due(self, t: float) -> None:
+        self._stall_armed = False
+        if self.stopped:
+            return
+        if self.circuit.stalled():
+            self._went_local(t)
+        else:
+            self._watch_stall(t)
+
     def _went_local(self, t: float) -> None:
+        """`SharedQuotaGate._went_local`: the take-over, then every request waiting for
+        its check goes on, checked by the local share; the probe is due at once when the
+        store is only suspect."""
         self.went_local += 1
         self.controller_quotas.take_over(self.clock.now(), self._charged)
+        waiting, self._waiting = self._waiting, {}
+        for tenant, tokens, answer in waiting.values():
+            ticket = Ticket(tenant, tokens, ok=True, shared=False)
+            self._schedule(t, functools.partial(_give, answer, ticket))
         if self._on_local is not None:
             self._on_local(t, self)
+        cut = self._beating
+        if cut:  # cut short: its calls may hang a second each
+            self._beat_gen += 1
+            self._beating = False
+            self._looping = False
+        if cut or not self.circuit.confirmed:  # (suspect: the probe is due at once)
+            self._wake(t)
 
     # -- the request path -----------------------------------------------------------------
 
@@ -231,9 +289,14 @@ class VirtualQuotaGate:
         lim = self._limits.get(tenant)
         if lim is None or not self.circuit.shared:
             return Ticket(tenant, tokens, ok=True, shared=False)
+        if self.circuit.stalled():  # the calls out went unanswered
+            self._went_local(t)
+            return Ticket(tenant, tokens, ok=True, shared=False)
         tokens = capped_charge(tokens, lim.tokens_per_minute)
         self._open[tenant] = self._open.get(tenant, 0) + 1
         self._busy[tenant] = self._busy.get(tenant, 0) + 1
+        key = self._keys = self._keys + 1
+        self._waiting[key] = (tenant, tokens, answer)
 
         def op(ts: float) -> tuple[float, AcquireAnswer]:
             got = self.store.acquire(
@@ -252,14 +315,19 @@ class VirtualQuotaGate:
 
         def back(ta: float, result: tuple[float, AcquireAnswer] | None) -> None:
             self._busy[tenant] -= 1
-            if result is None:  # fail open (local quotas once the circuit opens)
+            charged = result is not None and result[1].ok
+            if charged:
+                self._charged[tenant] = self._charged.get(tenant, 0) + 1
+            if self._waiting.pop(key, None) is None:  # it went on, checked locally
+                self._late(ta, tenant, tokens, result if charged else None)
+                return
+            if result is None:  # failed: the circuit is local now, so is the check
                 self._open[tenant] -= 1
                 answer(ta, Ticket(tenant, tokens, ok=True, shared=False))
                 return
             at, got = result
             self._observe(tenant, got.sight)
             if got.ok:
-                self._charged[tenant] = self._charged.get(tenant, 0) + 1
                 answer(ta, Ticket(tenant, tokens, ok=True, shared=True, charged_at=at))
                 return
             self._open[tenant] -= 1
@@ -268,6 +336,23 @@ class VirtualQuotaGate:
 
         self._call(t, op, back)
         return None
+
+    def _late(
+        self, t: float, tenant: str, tokens: int, charged: tuple[float, AcquireAnswer] | None
+    ) -> None:
+        """`SharedQuotaGate._checked` for a request that went on without its answer: a
+        charge the store made is given back (shared again) or taken off the hand-back."""
+        if charged is None:
+            self._open[tenant] -= 1
+            return
+        self.late += 1
+        if self.circuit.shared:
+            ticket = Ticket(tenant, tokens, ok=True, shared=True, charged_at=charged[0])
+            self.finish(t, ticket, 1, tokens)
+            return
+        self._open[tenant] -= 1
+        self._charged[tenant] -= 1
+        self.controller_quotas.charged_late(tenant, tokens)
 
     def _observe(self, tenant: str, sight: Sight) -> None:
         self.controller_quotas.observe(
@@ -369,11 +454,22 @@ class VirtualQuotaGate:
         self._looping = True
         self._loop(t)
 
-    def stop(self, t: float) -> None:
+    def stop(self, t: float, hand_back_until: float | None = None, *, killed: bool = False) -> None:
         """The replica exits (`SharedQuotaGate.stop`): it leaves the count of live
-        processes and sends what is owed; nothing after that."""
-        if self.stopped:
+        processes and sends what is owed; nothing after that. Local, with what it admitted
+        on its own not handed back, it first probes (and hands back) at once, then every
+        reprobe until `hand_back_until` (its SIGTERM plus its grace; None: the one try);
+        `killed` (SIGKILL): nothing."""
+        if self.stopped or self._exit_until is not None:
             return
+        if killed or self.circuit.shared or not self.controller_quotas.owes():
+            self._stopped(t)
+            return
+        self._exit_until = t if hand_back_until is None else max(t, hand_back_until)
+        self._exit_probe = True
+        self._wake(t)
+
+    def _stopped(self, t: float) -> None:
         if self.circuit.shared:
             self._call(t, lambda ts: self.store.leave(ts, self.process), _nothing)
         if self._owed:
@@ -381,10 +477,21 @@ class VirtualQuotaGate:
         self.stopped = True
 
     def _loop(self, t: float) -> None:
-        """One turn of `SharedQuotaGate._background`."""
+        """One turn of `SharedQuotaGate._background` (or, exiting, of its stop)."""
         if self.stopped:
             return
+        self._woken = False
         now = self.clock.now()
+        if self._exit_until is not None:
+            done = self.circuit.shared or not self.controller_quotas.owes()
+            if done or (t >= self._exit_until and not self._exit_probe):
+                self._stopped(t)
+            elif self._exit_probe or self.circuit.probe_due():
+                self._exit_probe = False
+                self._probe(t)
+            else:
+                self._wait(t)
+            return
         if self.circuit.probe_due():
             self._probe(t)
         elif self.circuit.shared and now >= self._next_beat:
@@ -392,6 +499,9 @@ class VirtualQuotaGate:
             self._next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
             self._beat(t)
         else:
+            moved = not self.circuit.shared and self.controller_quotas.reshare(now)
+            if moved and self._on_reshare is not None:
+                self._on_reshare(t, self)
             self._wait(t)
 
     def _wait(self, t: float) -> None:
@@ -399,7 +509,8 @@ class VirtualQuotaGate:
         self._looping = False
         self._loop_gen += 1
         gen = self._loop_gen
-        self._schedule(t + self._tick_s, lambda ta: self._turn(ta, gen))
+        delay = 0.0 if self._woken else self._tick_s
+        self._schedule(t + delay, lambda ta: self._turn(ta, gen))
 
     def _turn(self, t: float, gen: int) -> None:
         if gen == self._loop_gen and not self._looping:
@@ -407,10 +518,14 @@ class VirtualQuotaGate:
             self._loop(t)
 
     def _wake(self, t: float) -> None:
-        if not self._looping and not self.stopped:  # a wake during a turn is cleared
-            self._loop_gen += 1
-            gen = self._loop_gen
-            self._schedule(t, lambda ta: self._turn(ta, gen))
+        if self.stopped:
+            return
+        if self._looping:  # during a turn: the next one comes at once
+            self._woken = True
+            return
+        self._loop_gen += 1
+        gen = self._loop_gen
+        self._schedule(t, lambda ta: self._turn(ta, gen))
 
     def _probe(self, t: float) -> None:
         """A PING, then the hand-back while local, all within PROBE_TIMEOUT_S."""
@@ -459,8 +574,8 @@ class VirtualQuotaGate:
                 lim.name,
                 rpm=lim.requests_per_minute,
                 tpm=lim.tokens_per_minute,
-                requests_used=hb.requests_used,
-                tokens_used=hb.tokens_used,
+                requests_used=hb.requests_charge,
+                tokens_used=hb.tokens_charge,
                 requests_level=hb.requests_level,
                 tokens_level=hb.tokens_level,
             )
@@ -472,28 +587,35 @@ class VirtualQuotaGate:
         return call
 
     def _probe_done(self, t: float) -> None:
-        self.circuit.success()
+        self.circuit.probe_answered()
         self._wait(t)
 
     def _probe_failed(self, t: float) -> None:
-        if self.circuit.probe_failed():
-            self._went_local(t)
+        self.circuit.probe_failed()  # (the gateway logs the outage if it was suspect)
         self._wait(t)
 
     def _beat(self, t: float) -> None:
-        """The processes, the stale sights, then each capped tenant's open requests."""
+        """The processes, the stale sights, then each capped tenant's open requests; cut
+        short when the circuit goes local (`_went_local`), as the gateway cancels it."""
         quotas = self.controller_quotas
+        self._beat_gen += 1
+        gen = self._beat_gen
+        self._beating = True
 
         def alive(ta: float, count: int | None) -> None:
+            if gen != self._beat_gen:
+                return
             if count is None:
-                self._wait(ta)
+                self._beat_done(ta)
                 return
             quotas.set_processes(count, self.clock.now())
             stale = quotas.stale_sights(self.clock.now(), self.heartbeat_s / 4, SIGHTS_PER_BEAT)
-            calls = [self._sight_refresher(name) for name in stale]
+            calls = [self._sight_refresher(name, gen) for name in stale]
             _gather(ta, calls, lambda tb, _ok: heartbeats(tb, list(self._limits)))
 
         def heartbeats(ta: float, names: list[str]) -> None:
+            if gen != self._beat_gen:
+                return
             while names and self.circuit.shared:
                 name = names.pop(0)
                 lim = self._limits.get(name)
@@ -508,7 +630,7 @@ class VirtualQuotaGate:
 
                 self._call(ta, beat, lambda tb, _r: heartbeats(tb, names))
                 return
-            self._wait(ta)
+            self._beat_done(ta)
 
         self._call(
             t,
@@ -516,17 +638,21 @@ class VirtualQuotaGate:
             alive,
         )
 
-    def _sight_refresher(self, tenant: str) -> Call:
-        return lambda t, done: self._refresh_sight(t, tenant, done)
+    def _beat_done(self, t: float) -> None:
+        self._beating = False
+        self._wait(t)
 
-    def _refresh_sight(self, t: float, tenant: str, done: Done) -> None:
+    def _sight_refresher(self, tenant: str, gen: int) -> Call:
+        return lambda t, done: self._refresh_sight(t, tenant, done, gen)
+
+    def _refresh_sight(self, t: float, tenant: str, done: Done, gen: int) -> None:
         lim = self._limits.get(tenant)
         if lim is None:
             done(t, True)
             return
 
         def back(ta: float, sight: Sight | None) -> None:
-            if sight is not None:
+            if sight is not None and gen == self._beat_gen:
                 self._observe(tenant, sight)
             done(ta, sight is not None)
 
@@ -546,6 +672,10 @@ class VirtualQuotaGate:
 
 def _nothing(_t: float, _result: object) -> None:
     pass
+
+
+def _give(answer: Callable[[float, Ticket], None], ticket: Ticket, t: float) -> None:
+    answer(t, ticket)
 
 
 def _gather(t: float, calls: list[Call], then: Callable[[float, bool], None]) -> None:

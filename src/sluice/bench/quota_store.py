@@ -19,7 +19,8 @@ at `now`, the store's own time (Redis's TIME: the replicas' clocks do not matter
     leave      the ZREM of a process that stops
 
 What the scripts keep: per tenant a hash of token buckets (level and time of each; capacity
-the per-minute amount, refilled at amount/60 per second; no level below minus a bucket;
+the per-minute amount, refilled at amount/60 per second; a call takes no level below minus
+a bucket, nor below where it was if deeper: no debt forgiven; the hand-back has no floor;
 the key expiring 1 s after the buckets would be full again), the per-process demand
 (exponentially decayed with `tau`, the parts adding up to 1; the key expiring after 10 tau
 without demand), the per-process open counts with their last beat, and the live processes.
@@ -31,7 +32,8 @@ is refused (`refused`: the connection is refused or reset, the caller learns it 
 round trip) or never answered (`timeout`: the caller's own timeout ends it); with `wiped`
 the store comes back empty (a restart without persistence). `forgiven` counts, per
 (tenant, "requests" | "tokens"), what a bucket's floor (minus a bucket) wiped off a debt:
-a debt the quota never collects. Pure: no I/O, time is the caller's.
+a debt the quota never collects (a request's usage reported past a bucket of debt).
+Pure: no I/O, time is the caller's.
 """
 
 from __future__ import annotations
@@ -204,15 +206,26 @@ class QuotaStore:
         return rl, tl
 
     def _store(
-        self, tenant: str, rpm: float, tpm: float, rl: float, tl: float, now: float
+        self,
+        tenant: str,
+        rpm: float,
+        tpm: float,
+        rl: float,
+        tl: float,
+        now: float,
+        before: tuple[float, float] | None,
     ) -> tuple[float, float]:
-        """prelude.lua's store(): floor, write, expire. The levels as written."""
-        if rl < -rpm:
-            self._forgive(tenant, "requests", -rpm - rl if rpm > 0 else 0.0)
-            rl = -rpm
-        if tl < -tpm:
-            self._forgive(tenant, "tokens", -tpm - tl if tpm > 0 else 0.0)
-            tl = -tpm
+        """prelude.lua's store(): floor (from the levels `before` the call; None: none,
+        the hand-back's), write, expire. The levels as written."""
+        if before is not None:
+            floor = min(before[0], -rpm)
+            if rl < floor:
+                self._forgive(tenant, "requests", floor - rl if rpm > 0 else 0.0)
+                rl = floor
+            floor = min(before[1], -tpm)
+            if tl < floor:
+                self._forgive(tenant, "tokens", floor - tl if tpm > 0 else 0.0)
+                tl = floor
         ttl = 0.0
         h = self._rate_hash(tenant, now) or _Rate()
         if rpm > 0:
@@ -314,7 +327,7 @@ class QuotaStore:
         if wait > 0:
             retry = float(f"{wait:.6f}")
             return AcquireAnswer(False, retry, self._sight(rpm, tpm, rl, tl, part))
-        rl, tl = self._store(tenant, rpm, tpm, rl - 1, tl - tokens, now)
+        rl, tl = self._store(tenant, rpm, tpm, rl - 1, tl - tokens, now, (rl, tl))
         if max_concurrency > 0:
             conc = self._conc.setdefault(tenant, {})
             conc[process] = conc.get(process, 0) + 1
@@ -337,9 +350,10 @@ class QuotaStore:
         self._answered(now)
         rl, tl = self._levels(tenant, rpm, tpm, now)
         if (rpm > 0 and requests_back != 0) or (tpm > 0 and tokens_back != 0):
+            before = (rl, tl)
             rl = min(float(rpm), rl + requests_back)
             tl = min(float(tpm), tl + tokens_back)
-            rl, tl = self._store(tenant, rpm, tpm, rl, tl, now)
+            rl, tl = self._store(tenant, rpm, tpm, rl, tl, now, before)
         conc = self._conc.get(tenant)
         if releases > 0 and conc is not None and process in conc:
             conc[process] -= releases
@@ -367,8 +381,9 @@ class QuotaStore:
         requests_level: float,
         tokens_level: float,
     ) -> None:
-        """resume.lua: charge what a process admitted on its own meanwhile, restoring first
-        its estimate of a level the store has lost (-1: unknown)."""
+        """resume.lua: charge for what a process admitted on its own meanwhile (its use
+        less what its share refilled), restoring first its estimate of a level the store
+        has lost (-1: unknown)."""
         self._answered(now)
         rl, tl = self._levels(tenant, rpm, tpm, now)
         h = self._rate_hash(tenant, now)
@@ -376,7 +391,7 @@ class QuotaStore:
             rl = min(float(rpm), requests_level)
         if tpm > 0 and tokens_level >= 0 and (h is None or h.tt is None):
             tl = min(float(tpm), tokens_level)
-        self._store(tenant, rpm, tpm, rl - requests_used, tl - tokens_used, now)
+        self._store(tenant, rpm, tpm, rl - requests_used, tl - tokens_used, now, None)
 
     def heartbeat(self, now: float, tenant: str, *, process: str, open_requests: int) -> None:
         """heartbeat.lua: the absolute count of a process's open requests."""

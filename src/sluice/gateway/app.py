@@ -96,6 +96,10 @@ class Gateway:
             return_slots={"id_prefix": f"{process}-"},
             seed=process,
         )
+        if self.quota_gate is not None:
+            # a process that never saw Redis's count of the processes (it started while
+            # Redis was lost) holds the part of the fleet it estimates, not every quota
+            self.quota_gate.controller_quotas.fleet_share = self.controller.fleet_share
         self.tokens = BookingTokens(booking_secret(policy.retry_after.secret_env), self.clock.now)
         self.keyring = KeyRing(policy)
         REDACTOR.set_secrets(policy_secrets(policy))
@@ -209,6 +213,8 @@ class Gateway:
         if value:  # the queued requests retry on another replica (Controller.hand_over)
             self.controller.hand_over()
             self.bridge.pump()
+            if self.quota_gate is not None:  # leaving local: hand back within the grace
+                self.quota_gate.draining(self.clock.now() + self.policy.server.shutdown_grace)
 
     async def _flush_access_log(self) -> None:
         while True:

@@ -1,7 +1,8 @@
 """Tenant quotas shared by every gateway process through Redis, failing open to local ones.
 
 With `redis: {url: ...}` in the policy, the shell checks a tenant's quota in Redis before
-`controller.arrive` (one atomic Lua script per check, 50 ms at most) and gives back what
+`controller.arrive` (one atomic Lua script per check; a check still out when Redis is found
+hanging, STALL_S without an answer, is made against the local share) and gives back what
 the request did not use on every way out (refused by the core, dropped from its queue,
 cancelled, finished with its usage). The core Controller then gets `FailoverQuotas`,
 which charges nothing while Redis answers and delegates to an `InProcessQuotas` while it
@@ -49,7 +50,7 @@ from sluice.core.quota import InProcessQuotas, capped_charge, settlement
 from sluice.core.quota_failover import (
     REPROBE_S,
     SHARE_FLOOR,
-    TIMEOUTS_TO_SUSPECT,
+    STALL_S,
     FailoverQuotas,
     HandBack,
     QuotaCircuit,
@@ -76,7 +77,7 @@ SIGHTS_PER_BEAT = 32  # tenants whose last sight is older than a heartbeat, refr
 
 __all__ = [
     "SHARE_FLOOR",
-    "TIMEOUTS_TO_SUSPECT",
+    "STALL_S",
     "FailoverQuotas",
     "HandBack",
     "QuotaCircuit",
@@ -216,6 +217,7 @@ class SharedQuotaGate:
         reprobe_s: float = REPROBE_S,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self.url = url
         self._clock = clock
@@ -230,7 +232,7 @@ class SharedQuotaGate:
         # is due within reprobe_s, seen within a turn of its loop, done within its timeout
         self.hold_after_return_s = reprobe_s + min(reprobe_s, heartbeat_s) / 4 + PROBE_TIMEOUT_S
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s)
+        self.circuit = QuotaCircuit(clock, reprobe_s=reprobe_s, stall_s=stall_s)
         self._limits: dict[str, TenantLimits] = {}
         self.controller_quotas = FailoverQuotas(
             InProcessQuotas(concurrency_retry_s=CONCURRENCY_RETRY_S),
@@ -243,10 +245,16 @@ class SharedQuotaGate:
         self._open: dict[str, int] = {}  # requests charged in Redis and not yet finished
         self._charged: dict[str, int] = {}  # of those, the ones Redis has said yes to
         self._busy: dict[str, int] = {}  # calls in flight per tenant (heartbeat waits)
+        # requests waiting for their check's answer (going local answers them at once)
+        self._waiters: set[asyncio.Future[Any]] = set()
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._owed: dict[str, list[int]] = {}  # per tenant: requests, tokens, slots back
         self._flush_timer: asyncio.TimerHandle | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._probing: asyncio.Future[None] | None = None  # a probe and its hand-back
+        self._beating: asyncio.Future[None] | None = None  # a heartbeat
+        self.exit_by: float | None = None  # draining: try to hand back until then
         self._client = client if client is not None else _connect(url)
         self._acquire = self._client.register_script(ACQUIRE_LUA)
         self._finish = self._client.register_script(FINISH_LUA)
@@ -279,22 +287,65 @@ class SharedQuotaGate:
             self._on_mode(self.mode)
         self._loop_task = asyncio.create_task(self._background(), name="quota-redis")
 
+    def draining(self, until: float) -> None:
+        """The process drains (SIGTERM): if it leaves while quotas are local, it may try
+        to hand back what it admitted on its own until `until` (its shutdown grace)."""
+        self.exit_by = until
+
     async def stop(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        if self._beating is not None:
+            self._beating.cancel()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        if self._probing is not None and not self._probing.done():
+            # a hand-back cut short would be charged again below (bounded by its timeout)
+            await asyncio.wait({self._probing}, timeout=2 * PROBE_TIMEOUT_S)
+        await self._hand_back_before_exit()
         if self.circuit.shared:  # leave the count of live processes at once
             await self._call(self._client.zrem(processes_key(self._prefix), self.process))
         await self.flush(wait_s=max(0.2, 4 * self.call_timeout_s))
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             await asyncio.wait_for(self._client.aclose(), 1.0)
 
+    async def _hand_back_before_exit(self) -> None:
+        """Leaving while quotas are local: what this process admitted on its own would
+        leave with it, counted nowhere. Probe (and hand back) as the background loop
+        does, until `exit_by` (one try without it); say what is lost if Redis never
+        answers (a SIGKILLed process loses it all the same)."""
+        quotas = self.controller_quotas
+        deadline = self._clock.now() if self.exit_by is None else self.exit_by
+        while not self.circuit.shared and quotas.owes():
+            await self._probe()
+            wait = min(self.circuit.reprobe_s, deadline - self._clock.now())
+            if self.circuit.shared or wait <= 0:
+                break
+            await asyncio.sleep(wait)
+        if not self.circuit.shared and quotas.owes():
+            owed = quotas.hand_back(self._clock.now())
+            log.warning(
+                "leaving while Redis at %s is lost: what this process admitted meanwhile "
+                "(%.0f tokens and %.0f requests of %d tenants) is not handed back",
+                self.url,
+                sum(max(0.0, hb.tokens_charge) for hb in owed.values()),
+                sum(max(0.0, hb.requests_charge) for hb in owed.values()),
+                len(owed),
+            )
+
     # -- the request path -----------------------------------------------------------------
 
     async def acquire(self, tenant: str, tokens: int) -> QuotaTicket:
         """Charge one request of `tokens` to the tenant's quota in Redis. While quotas
-        are local this returns at once (the core charges the local quotas)."""
+        are local this returns at once (the core charges the local quotas), and so does a
+        request whose check fails or is still out when they go local: it is checked
+        against this process's share, never let through unchecked."""
         t = self._limits.get(tenant)
         if t is None or not self.circuit.shared:
+            return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
+        if self.circuit.stalled():  # the calls out went unanswered (the timer is late)
+            self._went_local("stall", None)
             return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
         tokens = capped_charge(tokens, t.tokens_per_minute)
         self._open[tenant] = self._open.get(tenant, 0) + 1  # before: heartbeats see it
@@ -316,33 +367,47 @@ class SharedQuotaGate:
                 )
             )
         )
+        # The request waits on its own future, not the call: a client that hangs up, or
+        # the circuit going local, ends the wait and leaves the call to finish (its
+        # charge, if any, is undone then).
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        call.add_done_callback(
+            functools.partial(self._checked, waiter=waiter, tenant=tenant, tokens=tokens)
+        )
         try:
-            # shield: a client that hangs up mid-call must not leave a charge behind
-            result = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            call.add_done_callback(lambda f: self._abandoned(f, tenant, tokens))
-            raise
+            result = await waiter
         finally:
-            self._busy[tenant] -= 1
-        if result is None:  # Redis failed: fail open (local quotas once the circuit opens)
-            self._open[tenant] -= 1
+            self._waiters.discard(waiter)
+        if result is None:  # Redis failed, or quotas went local: the core checks locally
             return QuotaTicket(None, tenant, tokens, ok=True, shared=False)
         self._observe(tenant, result[2:])
         if int(result[0]) == 1:
-            self._charged[tenant] = self._charged.get(tenant, 0) + 1
             return QuotaTicket(self, tenant, tokens, ok=True, shared=True)
-        self._open[tenant] -= 1
         retry = min(RETRY_MAX_S, max(RETRY_MIN_S, float(result[1])))
         return QuotaTicket(None, tenant, tokens, ok=False, shared=True, retry_after_s=retry)
 
-    def _abandoned(self, fut: asyncio.Future[Any], tenant: str, tokens: int) -> None:
-        """The client left while its check was in flight: undo the charge, if any."""
-        result = None if fut.cancelled() else fut.result()
-        if result is not None and int(result[0]) == 1:
+    def _checked(
+        self, call: asyncio.Future[Any], *, waiter: asyncio.Future[Any], tenant: str, tokens: int
+    ) -> None:
+        """A check's call is back: its answer for the request, if it still waits."""
+        self._busy[tenant] -= 1
+        result = None if call.cancelled() else call.result()
+        charged = result is not None and int(result[0]) == 1
+        if charged:
             self._charged[tenant] = self._charged.get(tenant, 0) + 1
-            self.finish(tenant, 1, tokens)
-        else:
+        if not waiter.done():
+            if not charged:
+                self._open[tenant] -= 1
+            waiter.set_result(result)
+        elif not charged:
             self._open[tenant] -= 1
+        elif self.circuit.shared:  # the client left: give the charge back
+            self.finish(tenant, 1, tokens)
+        else:  # checked locally meanwhile: the hand-back takes this charge off
+            self._open[tenant] -= 1
+            self._charged[tenant] -= 1
+            self.controller_quotas.charged_late(tenant, tokens)
 
     def _observe(self, tenant: str, sight: Any) -> None:
         """Keep what Redis showed of the tenant's quota: levels, then part of the demand
@@ -409,43 +474,81 @@ class SharedQuotaGate:
 
     async def _call(self, awaitable: Any) -> Any:
         """One Redis call with a timeout; None when it failed (the circuit learns)."""
+        epoch = self.circuit.sent()
+        self._watch_stall()
         try:
             async with asyncio.timeout(self.call_timeout_s):
                 result = await awaitable
         except asyncio.CancelledError:
+            self.circuit.gone(epoch)
             raise
         except Exception as exc:  # any failure of Redis means: go local
-            self._failed(exc)
+            self._failed(exc, epoch)
             return None
-        if self.circuit.success():
-            self._mode_changed()
+        self.circuit.answered(epoch)
         return result
 
-    def _failed(self, exc: BaseException) -> None:
+    def _watch_stall(self) -> None:
+        """One timer for the calls out: when they would be stalled, look."""
+        at = self.circuit.stall_at()
+        if at is None or self._stall_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._stall_timer = loop.call_later(max(0.0, at - self._clock.now()), self._stall_due)
+
+    def _stall_due(self) -> None:
+        self._stall_timer = None
+        # An answer read in this turn of the loop wakes its task after the timers: look
+        # once those tasks have run, or a busy loop would pass for a hanging Redis.
+        asyncio.get_running_loop().call_soon(self._look_for_stall)
+
+    def _look_for_stall(self) -> None:
+        if self.circuit.stalled():
+            self._went_local("stall", None)
+        else:
+            self._watch_stall()
+
+    def _failed(self, exc: BaseException, epoch: int) -> None:
         kind = _failure_kind(exc)
         if self._on_error is not None:
             self._on_error(kind)
-        if self.circuit.failure(timeout=kind == "timeout"):
+        if self.circuit.failed(epoch, timeout=kind == "timeout"):
             self._went_local(kind, exc)
-        elif self.circuit.probe_due():
-            self._wake.set()
 
     def _went_local(self, kind: str, exc: BaseException | None) -> None:
+        """Quotas go local: this process holds its share of each from now on; the
+        requests waiting for a check are checked against it at once. A refusal confirms
+        the outage; a timeout or a stall only makes Redis suspect, and the probe, due at
+        once, decides."""
         self.controller_quotas.take_over(self._clock.now(), self._charged)
-        log.warning(
-            "Redis at %s is not answering (%s: %s): tenant quotas are enforced by each of "
-            "the %d gateway processes on its own, each with its share of every quota and "
-            "of what was left of it, until it is back",
-            self.url,
-            kind,
-            exc or type(exc).__name__,
-            self.controller_quotas.processes,
-        )
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._beating is not None:
+            self._beating.cancel()
+        if self.circuit.confirmed:
+            self._log_lost(kind, exc)
+        else:
+            log.info(
+                "Redis at %s is slow (%s): tenant quotas are checked by this process's "
+                "share while a probe decides",
+                self.url,
+                f"no answer within {self.circuit.stall_s:g}s" if kind == "stall" else kind,
+            )
+            self._wake.set()
         self._mode_changed()
 
+    def _log_lost(self, kind: str, exc: BaseException | None) -> None:
+        log.warning(
+            "Redis at %s is not answering (%s: %s): tenant quotas are enforced by each "
+            "gateway process on its own, each with its share of every quota and of what "
+            "was left of it, until it is back",
+            self.url,
+            kind,
+            str(exc) or type(exc).__name__,
+        )
+
     def _mode_changed(self) -> None:
-        if self.circuit.shared:
-            log.warning("Redis at %s answers again: tenant quotas are shared again", self.url)
         if self._on_mode is not None:
             self._on_mode(self.mode)
 
@@ -456,14 +559,21 @@ class SharedQuotaGate:
         tick = min(self.circuit.reprobe_s, self.heartbeat_s) / 4
         while True:
             now = self._clock.now()
+            self._wake.clear()  # (a wake during this turn brings the next one at once)
             if self.circuit.probe_due():
-                await self._probe()
+                # shielded: stopping the loop must not cut a hand-back short (stop waits)
+                self._probing = asyncio.ensure_future(self._probe())
+                await asyncio.shield(self._probing)
             elif self.circuit.shared and now >= next_beat:
                 # beat faster at first: replicas starting together learn of each other
                 early = now - started < 2 * self.heartbeat_s
                 next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
-                await self._beat()
-            self._wake.clear()
+                # its own task: going local cuts it short (its calls may hang a second
+                # each), so that the probe is not kept waiting
+                self._beating = asyncio.ensure_future(self._beat())
+                await asyncio.wait({self._beating})
+            elif not self.circuit.shared:  # (never counted: follow the fleet share)
+                self.controller_quotas.reshare(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick)
 
@@ -484,10 +594,15 @@ class SharedQuotaGate:
             kind = _failure_kind(exc)
             if self._on_error is not None:
                 self._on_error(kind)
-            if self.circuit.probe_failed():
-                self._went_local(kind, exc)
+            if self.circuit.probe_failed():  # it was only suspect: now it is lost
+                self._log_lost(kind, exc)
             return
-        if self.circuit.success():
+        confirmed = self.circuit.confirmed
+        if self.circuit.probe_answered():
+            if confirmed:
+                log.warning("Redis at %s answers again: tenant quotas are shared again", self.url)
+            else:
+                log.info("Redis at %s answered the probe: tenant quotas are shared again", self.url)
             self._mode_changed()
 
     async def _hand_back(self) -> None:
@@ -506,8 +621,8 @@ class SharedQuotaGate:
             args = (
                 t.requests_per_minute,
                 t.tokens_per_minute,
-                hb.requests_used,
-                hb.tokens_used,
+                hb.requests_charge,
+                hb.tokens_charge,
                 hb.requests_level,
                 hb.tokens_level,
             )

@@ -1,7 +1,10 @@
 -- Shared by the bucket scripts (prepended to each): the time (Redis's own), the limits
 -- (ARGV[1] rpm, ARGV[2] tpm) and both buckets of KEYS[1] after refill; store() writes
--- them back, no level below minus a whole bucket (a request charges at most a full
--- bucket, so one that is never settled costs its tenant at most a minute).
+-- them back. A call takes no level below minus a whole bucket (a request charges at
+-- most a full bucket, and what a backend reports of its usage costs its tenant at most a
+-- minute), nor below where it was when it was already deeper: a debt is never
+-- forgiven. store(true), the hand-back's (resume.lua), has no floor: what the processes
+-- admitted while Redis was lost is charged whole.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm = tonumber(ARGV[1])
@@ -17,11 +20,14 @@ end
 local rl, tl = 0, 0
 if rpm > 0 then rl = level(rpm, 'rl', 'rt') end
 if tpm > 0 then tl = level(tpm, 'tl', 'tt') end
-local function store()
+local rl0, tl0 = rl, tl
+local function store(nofloor)
   local ttl = 0
   local f = '%.17g'
-  if rl < -rpm then rl = -rpm end
-  if tl < -tpm then tl = -tpm end
+  if not nofloor then
+    rl = math.max(rl, math.min(rl0, -rpm))
+    tl = math.max(tl, math.min(tl0, -tpm))
+  end
   if rpm > 0 then
     redis.call('HSET', KEYS[1], 'rl', string.format(f, rl), 'rt', string.format(f, now))
     ttl = math.max(ttl, (rpm - rl) * 60 / rpm)
