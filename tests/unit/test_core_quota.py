@@ -68,7 +68,7 @@ def test_controller_rejects_with_tenant_quota() -> None:
     c.on_finish("a", Outcome.OK, 10, 5)
     clock.set(60.0)
     assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).admitted
-    assert c.snapshot()["classes"]["P0"]["rejected"] == {"tenant_quota": 1}
+    assert c.snapshot().classes["P0"].rejected == {"tenant_quota": 1}
 
 
 def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time() -> None:
@@ -88,9 +88,9 @@ def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time(
     late = c.arrive(RequestInfo("d", "t", 1, "m", 10, 10, client_deadline=129.0))
     assert late.code is RejectCode.CANNOT_SERVE_IN_TIME and late.booking is None
     assert late.retry_after_s == 30.0  # the earliest room, for its message
-    snap = c.snapshot()["classes"]["P1"]
-    assert snap["rejected"] == {"tenant_quota": 1, "cannot_serve_in_time": 1}
-    assert snap["returns"]["unservable"] == 1
+    snap = c.snapshot().classes["P1"]
+    assert snap.rejected == {"tenant_quota": 1, "cannot_serve_in_time": 1}
+    assert snap.returns.unservable == 1
 
 
 def test_hot_reload_changes_quotas() -> None:

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import math
 
+from sluice.core.snapshot import FleetSnapshot
+
 PRIOR = 1 / 16  # a fresh replica's assumed share: a fleet of up to 16 claims a room once
 PRIOR_WEIGHT = 4.0  # the prior counts as this many requests seen
 ALONE_AFTER = 4.0  # requests seen, (almost) none of them surely another's: a lone gateway
@@ -137,11 +139,11 @@ class FleetShare:
         self._processes = max(1, processes)
         self.prior = 1.0 / self._processes
 
-    def describe(self) -> dict[str, float | int | None]:
-        return {
-            "share": self.value,
-            "estimate": round(self.estimate, 4),
-            "prior": self.prior,
-            "processes": self._processes,
-            "requests_seen": self._on,
-        }
+    def describe(self) -> FleetSnapshot:
+        return FleetSnapshot(
+            share=self.value,
+            estimate=round(self.estimate, 4),
+            prior=self.prior,
+            processes=self._processes,
+            requests_seen=self._on,
+        )

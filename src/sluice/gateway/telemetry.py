@@ -21,7 +21,7 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -29,6 +29,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from sluice import __version__
+from sluice.core.snapshot import BackendSnapshot, ControllerSnapshot
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 STATE_PUBLISH_S = 0.5
@@ -319,7 +320,7 @@ class Telemetry:
                         entry[part] = entry.get(part, 0.0) + s.value
         return out
 
-    def watch_state(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def watch_state(self, snapshot: Callable[[], ControllerSnapshot]) -> None:
         if self.multiprocess:
             self._state = _StateGauges(snapshot, self.registry)
         else:
@@ -350,19 +351,43 @@ class Telemetry:
 # how a gauge's values from several workers combine (prometheus_client's names)
 CombineMode = Literal["livesum", "livemax", "livemin"]
 
-# key in the snapshot's backend entry -> (metric, help, how workers combine)
-PER_BACKEND: dict[str, tuple[str, str, CombineMode]] = {
-    "limit": ("sluice_backend_limit", "Adaptive concurrency limit", "livesum"),
-    "inflight": ("sluice_backend_inflight", "Requests in flight", "livesum"),
-    "kv_usage": ("sluice_backend_kv_usage", "KV-cache usage the backend reports, 0..1", "livemax"),
-    "waiting": ("sluice_backend_waiting", "Requests waiting inside the backend", "livemax"),
-    "healthy": ("sluice_backend_healthy", "1 if the backend is in service", "livemin"),
-    "metrics_fresh": (
+
+class BackendGauge(NamedTuple):
+    """A gauge per backend, read from its entry in the controller's snapshot."""
+
+    metric: str
+    help: str
+    combine: CombineMode  # how workers' values combine
+    value: Callable[[BackendSnapshot], float | None]  # None: no sample
+
+
+PER_BACKEND: tuple[BackendGauge, ...] = (
+    BackendGauge(
+        "sluice_backend_limit", "Adaptive concurrency limit", "livesum", lambda b: b.limit
+    ),
+    BackendGauge("sluice_backend_inflight", "Requests in flight", "livesum", lambda b: b.inflight),
+    BackendGauge(
+        "sluice_backend_kv_usage",
+        "KV-cache usage the backend reports, 0..1",
+        "livemax",
+        lambda b: b.kv_usage,
+    ),
+    BackendGauge(
+        "sluice_backend_waiting",
+        "Requests waiting inside the backend",
+        "livemax",
+        lambda b: b.waiting,
+    ),
+    BackendGauge(
+        "sluice_backend_healthy", "1 if the backend is in service", "livemin", lambda b: b.healthy
+    ),
+    BackendGauge(
         "sluice_backend_metrics_fresh",
         "1 if the backend's metrics are fresh (else latency-only control)",
         "livemin",
+        lambda b: b.metrics_fresh,
     ),
-}
+)
 
 
 SIGNAL_METRIC = (
@@ -371,19 +396,20 @@ SIGNAL_METRIC = (
 )
 
 
-def _signal_samples(s: dict[str, Any]) -> Iterator[tuple[tuple[str, str, str], float]]:
+def _signal_samples(s: ControllerSnapshot) -> Iterator[tuple[tuple[str, str, str], float]]:
     """((backend, engine, signal), 1 or 0) for every backend whose engine is known."""
-    for name, b in s["backends"].items():
-        signals = b.get("signals")
-        if signals:
-            for signal, has in signals.items():
-                yield (name, b.get("engine") or "", signal), 1.0 if has else 0.0
+    for name, b in s.backends.items():
+        if b.signals:
+            for signal, has in b.signals.items():
+                yield (name, b.engine or "", signal), 1.0 if has else 0.0
 
 
 class _StateGauges:
     """Multiprocess mode: the state gauges as real gauges, set from the snapshot."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> None:
+    def __init__(
+        self, snapshot: Callable[[], ControllerSnapshot], registry: CollectorRegistry
+    ) -> None:
         self._snapshot = snapshot
         self.pressure = Gauge(
             "sluice_pressure",
@@ -405,10 +431,11 @@ class _StateGauges:
             registry=registry,
             multiprocess_mode="livemax",
         )
-        self.backend = {
-            key: Gauge(name, doc, ["backend"], registry=registry, multiprocess_mode=mode)
-            for key, (name, doc, mode) in PER_BACKEND.items()
-        }
+        self.backend: list[tuple[Callable[[BackendSnapshot], float | None], Gauge]] = []
+        for g in PER_BACKEND:
+            mode = g.combine
+            gauge = Gauge(g.metric, g.help, ["backend"], registry=registry, multiprocess_mode=mode)
+            self.backend.append((g.value, gauge))
         self.signal = Gauge(
             *SIGNAL_METRIC,
             ["backend", "engine", "signal"],
@@ -419,20 +446,20 @@ class _StateGauges:
 
     def publish(self) -> None:
         s = self._snapshot()
-        self.pressure.set(float(s["pressure"]))
-        for cls, c in s["classes"].items():
+        self.pressure.set(float(s.pressure))
+        for cls, c in s.classes.items():
             prio = cls.removeprefix("P")
-            self.depth.labels(prio).set(float(c["queued"]))
-            self.oldest.labels(prio).set(float(c["head_sojourn_s"]))
-        seen = set(s["backends"])
+            self.depth.labels(prio).set(float(c.queued))
+            self.oldest.labels(prio).set(float(c.head_sojourn_s))
+        seen = set(s.backends)
         for name in self._backends - seen:
             # a value file cannot forget a label set: a backend that left reads 0
-            for gauge in self.backend.values():
+            for _, gauge in self.backend:
                 gauge.labels(name).set(0.0)
         self._backends |= seen
-        for name, b in s["backends"].items():
-            for key, gauge in self.backend.items():
-                value = b.get(key)
+        for name, b in s.backends.items():
+            for read, gauge in self.backend:
+                value = read(b)
                 if value is not None:
                     gauge.labels(name).set(float(value))
         for labels, value in _signal_samples(s):
@@ -442,7 +469,7 @@ class _StateGauges:
 class _StateCollector(Collector):
     """Gauges read from the controller's snapshot at scrape time."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], ControllerSnapshot]) -> None:
         self._snapshot = snapshot
 
     def describe(self) -> list[Any]:
@@ -451,7 +478,7 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         s = self._snapshot()
         pressure = GaugeMetricFamily("sluice_pressure", "Overload pressure, 0..1")
-        pressure.add_metric([], float(s["pressure"]))
+        pressure.add_metric([], float(s.pressure))
         yield pressure
         depth = GaugeMetricFamily("sluice_queue_depth", "Requests queued", labels=["priority"])
         oldest = GaugeMetricFamily(
@@ -459,21 +486,21 @@ class _StateCollector(Collector):
             "Wait of the oldest queued request",
             labels=["priority"],
         )
-        for cls, c in s["classes"].items():
+        for cls, c in s.classes.items():
             prio = cls.removeprefix("P")
-            depth.add_metric([prio], float(c["queued"]))
-            oldest.add_metric([prio], float(c["head_sojourn_s"]))
+            depth.add_metric([prio], float(c.queued))
+            oldest.add_metric([prio], float(c.head_sojourn_s))
         yield depth
         yield oldest
-        families = {
-            k: GaugeMetricFamily(n, h, labels=["backend"]) for k, (n, h, _) in PER_BACKEND.items()
-        }
-        for name, b in s["backends"].items():
-            for key, fam in families.items():
-                value = b.get(key)
+        families = [
+            (g.value, GaugeMetricFamily(g.metric, g.help, labels=["backend"])) for g in PER_BACKEND
+        ]
+        for name, b in s.backends.items():
+            for read, fam in families:
+                value = read(b)
                 if value is not None:
                     fam.add_metric([name], float(value))
-        yield from families.values()
+        yield from (fam for _, fam in families)
         signal = GaugeMetricFamily(*SIGNAL_METRIC, labels=["backend", "engine", "signal"])
         for labels, value in _signal_samples(s):
             signal.add_metric(list(labels), value)
