@@ -1,11 +1,10 @@
 """The gateway's Prometheus metrics (prefix `sluice_`), on a registry of its own.
 
-Counters and histograms are updated on the request path through pre-bound children (a
-labels() lookup per event would cost more than the event), and through `fast_observe` /
-`fast_inc`: the same updates of the same value objects as the child's observe()/inc(),
-without their per-call checks (the request path's biggest single cost after the core).
-Gauges that describe the controller's state (queue depth, limits, in-flight, pressure)
-are read from its snapshot when /metrics is scraped, so the hot path pays nothing for them.
+Counters and histograms are updated on the request path through pre-bound children's
+own `inc` and `observe` (prometheus_client's public API; a labels() lookup per event would
+cost more than the event). Gauges that describe the controller's state (queue depth,
+limits, in-flight, pressure) are read from its snapshot when /metrics is scraped, so the
+hot path pays nothing for them.
 
 Under `sluice serve --workers N` (PROMETHEUS_MULTIPROC_DIR set by the master) every
 worker writes its values to files in that folder and /metrics, whichever worker answers
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -34,34 +32,6 @@ from sluice.core.snapshot import BackendSnapshot, ControllerSnapshot
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 STATE_PUBLISH_S = 0.5
 QUOTA_MODES = ("redis", "local")
-
-
-def fast_observe(child: Any) -> Callable[[float], None]:
-    """`child.observe` (a labelled Histogram child) without its per-call checks: a
-    labelled child is always observable and Sluice attaches no exemplars. It adds to the
-    child's own sum and bucket values, the bucket found by bisection (the first upper
-    bound >= the amount, as Histogram.observe's scan finds it), so the exposition is the
-    same in single- and multi-process mode. Another prometheus_client layout: its own."""
-    total = getattr(child, "_sum", None)
-    buckets = getattr(child, "_buckets", None)
-    bounds = tuple(getattr(child, "_upper_bounds", ()))
-    if total is None or buckets is None or not bounds or len(buckets) != len(bounds):
-        return child.observe
-    add = total.inc
-
-    def observe(amount: float) -> None:
-        add(amount)
-        if amount == amount:  # NaN falls in no bucket, as in Histogram.observe
-            buckets[bisect_left(bounds, amount)].inc(1)
-
-    return observe
-
-
-def fast_inc(child: Any) -> Callable[[float], None]:
-    """`child.inc` (a labelled Counter child) without its per-call checks; call it with
-    the (non-negative) amount."""
-    value = getattr(child, "_value", None)
-    return child.inc if value is None else value.inc
 
 
 # (priority, route): what the request path's metrics are labelled by
@@ -239,16 +209,16 @@ class Telemetry:
         # on first use and indexed directly, no method call between (the request path's
         # hottest calls): `count[key, outcome](1)`, `observe_latency[key](seconds)`.
         self.count: _Bound[tuple[MetricKey, str]] = _Bound(
-            lambda k: fast_inc(self.requests.labels(str(k[0][0]), k[0][1], k[1]))
+            lambda k: self.requests.labels(str(k[0][0]), k[0][1], k[1]).inc
         )
         self.observe_ttft: _Bound[MetricKey] = _Bound(
-            lambda k: fast_observe(self.ttft.labels(str(k[0]), k[1]))
+            lambda k: self.ttft.labels(str(k[0]), k[1]).observe
         )
         self.observe_latency: _Bound[MetricKey] = _Bound(
-            lambda k: fast_observe(self.latency.labels(str(k[0]), k[1]))
+            lambda k: self.latency.labels(str(k[0]), k[1]).observe
         )
         self.observe_queue_wait: _Bound[MetricKey] = _Bound(
-            lambda k: fast_observe(self.queue_wait.labels(str(k[0]), k[1]))
+            lambda k: self.queue_wait.labels(str(k[0]), k[1]).observe
         )
 
     def rejected(self, key: MetricKey, code: str) -> None:
