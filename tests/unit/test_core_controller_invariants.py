@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller, Step
+from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import Limiter, LimiterBase, LimiterContext, make_limiter
-from sluice.core.limiters.base import SharedRoom
 from sluice.core.request_record import RequestState
 from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample

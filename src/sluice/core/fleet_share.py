@@ -6,7 +6,7 @@ limiters in front of the same backends and know nothing of one another. A scrape
 backend's requests (running + waiting), of which this process knows its own; over all the
 backends and scrapes, its own part of what they show is its part of the fleet's traffic,
 about 1/R for R replicas behind an even Service. Each replica claims that part of a
-backend's free KV room (`SluiceLimiter`, docs/limiter.md "Shared backends"), so that R
+backend's free KV room (`KvBudget`, docs/limiter.md "Shared backends"), so that R
 replicas claim it once between them, also on a backend that is idle, where a scrape shows
 nobody (the burst-start overshoot: R idle replicas each sending a burst's first requests
 into the same idle backend).
