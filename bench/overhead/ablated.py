@@ -30,8 +30,11 @@ def ablate(parts: set[str]) -> None:
     if "prom" in parts:
         import sluice.gateway.telemetry as telemetry
 
-        telemetry.fast_observe = lambda _child: lambda _amount: None
-        telemetry.fast_inc = lambda _child: lambda _amount: None
+        def no_update(bound: Any, key: Any) -> Any:
+            update = bound[key] = lambda _amount: None
+            return update
+
+        telemetry._Bound.__missing__ = no_update  # type: ignore[method-assign]
     if "breaker" in parts:
         from sluice.core.circuit_breaker import CircuitBreaker
 

@@ -7,7 +7,7 @@ three `sluice serve` gateways, and an open-loop client that spreads streaming re
 round-robin over the gateways. A direct burst (no gateway) is the control: the same load
 sent straight to the backends does preempt.
 
-What makes three replicas hold (core/limiters/sluice.py, docs/limiter.md "Shared
+What makes three replicas hold (core/kv_budget.py, docs/limiter.md "Shared
 backends"): a replica counts the other replicas' requests a scrape shows (waiting ones
 too) at its own mean footprint, claims only its share of the room left, and takes the
 whole budget only once two scrapes in a row have shown the backend running its requests

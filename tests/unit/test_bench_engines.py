@@ -14,15 +14,16 @@ from sluice.bench.arms import arm_spec
 from sluice.bench.metrics import arm_results
 from sluice.bench.runner import make_plan, run_plan_arm
 from sluice.bench.scenario import load_scenario
+from sluice.core.snapshot import ControllerSnapshot
 from sluice.core.types import SIGNALS
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "tgi")
-Burst = tuple[str, dict[str, Any], dict[str, Any]]
+Burst = tuple[str, dict[str, Any], ControllerSnapshot]
 LACKS = {"llamacpp": {"preemptions", "ttft_p95", "tpot_p95"}, "tgi": {"preemptions", "ttft_p95"}}
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def burst(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def burst(request: pytest.FixtureRequest) -> Burst:
     engine = request.param
     plan = make_plan(load_scenario("burst"), engine=engine)
     arm = arm_spec("sluice", plan.scenario, max_limit=plan.max_limit, static_cap=0)
@@ -33,9 +34,9 @@ def burst(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any], dict[str
 
 def test_the_controller_read_each_engine_through_its_adapter(burst: Burst) -> None:
     engine, _, snapshot = burst
-    for b in snapshot["backends"].values():
-        assert b["engine"] == engine
-        lacks = {s for s in SIGNALS if not b["signals"][s]}
+    for b in snapshot.backends.values():
+        assert b.engine == engine and b.signals is not None
+        lacks = {s for s in SIGNALS if not b.signals[s]}
         assert lacks == LACKS.get(engine, set())
 
 

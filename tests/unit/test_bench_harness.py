@@ -113,7 +113,7 @@ def test_one_request_through_the_gateway_adds_no_time() -> None:
     assert math.isclose(r.first_token_at - 0.3, ttft, abs_tol=1e-12)  # type: ignore[operator]
     assert math.isclose(r.end_at, finished, abs_tol=1e-12)  # type: ignore[arg-type]
     assert run.controller_snapshot is not None
-    assert run.controller_snapshot["classes"]["P0"]["finished"] == {"ok": 1}
+    assert run.controller_snapshot.classes["P0"].finished == {"ok": 1}
 
 
 def test_cancel_after_n_tokens_stops_the_engine_at_once() -> None:
@@ -210,7 +210,7 @@ def test_gateway_takes_a_dead_backend_out_and_serves_from_the_other() -> None:
     assert all(r.outcome == OK for r in run.requests)
     assert all(r.backend == 0 for r in run.requests if r.spec.arrival > 2.5)
     assert run.controller_snapshot is not None
-    assert run.controller_snapshot["backends"]["b1"]["healthy"] is False
+    assert run.controller_snapshot.backends["b1"].healthy is False
 
 
 def test_overload_direct_preempts_and_a_small_fixed_cap_does_not() -> None:
@@ -323,7 +323,7 @@ def test_a_pooling_request_finishes_when_its_prompt_is_computed() -> None:
     assert r.outcome == OK and r.tokens == 0
     assert r.first_token_at == r.end_at == done.finished
     assert run.controller_snapshot is not None
-    assert run.controller_snapshot["classes"]["P0"]["finished"] == {"ok": 1}
+    assert run.controller_snapshot.classes["P0"].finished == {"ok": 1}
     res = arm_results(run, s)
     assert res["classes"]["P0"]["completed"] == 1 and res["classes"]["P0"]["slo_attainment"] == 1
 

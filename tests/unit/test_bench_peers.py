@@ -9,7 +9,7 @@ import pytest
 
 from sluice.bench.harness import ArmSpec, run_arm
 from sluice.bench.peers import OPENAI_SDK_RETRY, peer_arm
-from sluice.bench.peers.base import PeerCode
+from sluice.bench.peers.base import PeerBackend, PeerCode
 from sluice.bench.peers.envoy import EnvoyGateway
 from sluice.bench.peers.gie import GieGateway
 from sluice.bench.peers.litellm import LiteLLMGateway
@@ -43,7 +43,7 @@ def test_litellm_refuses_over_the_cap_at_once_with_retry_after_60() -> None:
     )
     gw.on_finish("a", Outcome.OK)
     assert gw.arrive(info("c")).admitted
-    assert gw.snapshot()["backends"]["b0"] == {"limit": 2.0, "inflight": 2}
+    assert gw.snapshot().backends["b0"] == PeerBackend(limit=2.0, inflight=2)
 
 
 def test_litellm_spreads_over_deployments_with_a_free_slot() -> None:

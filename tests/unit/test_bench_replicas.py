@@ -88,7 +88,7 @@ def test_each_replica_gets_its_round_robin_share_of_the_attempts() -> None:
     snapshot = run.controller_snapshot  # replica 0's
     assert snapshot is not None
     n = len(plan.workload)  # no retries: one attempt per request
-    assert snapshot["classes"]["P1"]["arrived"] == (n + 2) // 3
+    assert snapshot.classes["P1"].arrived == (n + 2) // 3
 
 
 def test_replicas_must_be_at_least_one() -> None:

@@ -121,7 +121,7 @@ def test_unknown_and_repeated_calls_are_no_ops() -> None:
     c.on_finish("a", Outcome.OK)  # still queued: not finished
     c.on_first_token("a")  # nor started
     assert c.state_of("a") is RequestState.QUEUED
-    assert c.snapshot()["classes"]["P0"]["queued"] == 1
+    assert c.snapshot().classes["P0"].queued == 1
     with pytest.raises(ValueError):
         c.arrive(req("a"))
     with pytest.raises(ValueError):
@@ -136,9 +136,9 @@ def test_removing_a_backend_keeps_the_others_counts() -> None:
     placed = {x.request_id: x.backend for x in c.step().assignments}
     assert placed == {"a": "b0", "b": "b1"}
     c.set_backends(["b1", "b2"])
-    snap = c.snapshot()["backends"]
+    snap = c.snapshot().backends
     assert set(snap) == {"b1", "b2"}
-    assert snap["b1"]["inflight"] == 1 and snap["b2"]["inflight"] == 0
+    assert snap["b1"].inflight == 1 and snap["b2"].inflight == 0
     c.on_finish("a", Outcome.OK, 244, 10)  # its backend is gone: no error
     assert c.state_of("a") is RequestState.GONE
     c.arrive(req("c"))
@@ -190,7 +190,7 @@ def test_hot_reload_keeps_queued_and_in_flight_requests() -> None:
     assert c.step().wake_at == 2.0  # the new timeout applies to those already queued
     clock.set(2.0)
     assert [r.request_id for r in c.step().rejections] == ["c"]
-    assert c.snapshot()["backends"]["b0"]["limit"] == 2
+    assert c.snapshot().backends["b0"].limit == 2
 
 
 def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
@@ -199,8 +199,8 @@ def test_hot_reload_of_the_algorithm_keeps_the_current_limit() -> None:
     c.apply_policy(
         policy(algorithm="sluice", limiter={"algorithm": "sluice", "maxLimit": 50}).core_settings()
     )
-    assert c.snapshot()["backends"]["b0"]["limit"] == 6
-    assert c.snapshot()["algorithm"] == "sluice"
+    assert c.snapshot().backends["b0"].limit == 6
+    assert c.snapshot().algorithm == "sluice"
 
 
 def sluice_controller() -> tuple[Controller, FakeClock]:
@@ -262,7 +262,7 @@ def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
     assert c.step().rejections == []
     assert limiter.cuts == 1
     assert limiter.last_cut_reason == "ttft-pending"
-    assert c.snapshot()["backends"]["b0"]["limit"] == 8  # 10 * 0.8
+    assert c.snapshot().backends["b0"].limit == 8  # 10 * 0.8
     assert c.step().assignments == []  # 10 in flight > 8
     clock.set(alarm + 1.0)
     c.on_metrics("b0", BackendMetrics(at=clock.now(), waiting=3, running=7))
@@ -271,7 +271,7 @@ def test_sluice_limiter_end_to_end_cut_on_metrics_and_pending_ttft() -> None:
         c.on_finish(rid, Outcome.OK, 436, 1)
     c.on_metrics("b0", BackendMetrics(at=clock.now(), waiting=1, running=7))
     assert limiter.cuts == 2  # 8 in flight, still queueing: cut again
-    assert c.snapshot()["backends"]["b0"]["limit"] == 6  # floor(6.4)
+    assert c.snapshot().backends["b0"].limit == 6  # floor(6.4)
 
 
 def test_snapshot_is_json_and_counters_add_up() -> None:
@@ -284,13 +284,13 @@ def test_snapshot_is_json_and_counters_add_up() -> None:
     c.cancel("b")
     c.on_metrics("b0", BackendMetrics(at=0.0, kv_usage=0.3, waiting=0))
     snap = c.snapshot()
-    json.dumps(snap)
-    p0 = snap["classes"]["P0"]
-    assert p0["arrived"] == 2 and p0["admitted"] == 2 and p0["dispatched"] == 1
-    assert p0["cancelled_queued"] == 1 and p0["queued"] == 0
-    assert snap["classes"]["P1"]["queued"] == 1
-    assert snap["backends"]["b0"]["kv_usage"] == 0.3
-    assert snap["backends"]["b0"]["metrics_fresh"] is True
+    json.dumps(snap.as_dict())  # its JSON form: plain values
+    p0 = snap.classes["P0"]
+    assert p0.arrived == 2 and p0.admitted == 2 and p0.dispatched == 1
+    assert p0.cancelled_queued == 1 and p0.queued == 0
+    assert snap.classes["P1"].queued == 1
+    assert snap.backends["b0"].kv_usage == 0.3
+    assert snap.backends["b0"].metrics_fresh is True
 
 
 def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> None:
@@ -301,9 +301,9 @@ def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> Non
     c.arrive(RequestInfo("e", "t", 0, "m", 300, 1024, prefill_only=True, first_token_visible=False))
     c.arrive(RequestInfo("g", "t", 0, "m", 300, 1024, first_token_visible=False))
     c.step()
-    snap = c.snapshot()["backends"]["b0"]
+    snap = c.snapshot().backends["b0"]
     # the generation request adds half its max_tokens (nothing learned yet), the other none
-    assert snap["inflight_tokens"] == 300 + (300 + 512)
+    assert snap.inflight_tokens == 300 + (300 + 512)
     clock.set(1.4)
     c.on_finish("e", Outcome.OK, prompt_tokens=300, completion_tokens=0)
     ((sample, _),) = recs["b0"].samples
@@ -312,19 +312,19 @@ def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> Non
     # it taught no output length: the next generation request is still costed at half
     c.arrive(RequestInfo("g2", "t", 0, "m", 300, 1024, first_token_visible=False))
     c.step()
-    assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 2 * (300 + 512)
+    assert c.snapshot().backends["b0"].inflight_tokens == 2 * (300 + 512)
 
 
 def test_sequences_multiply_the_expected_output_and_learn_per_sequence() -> None:
     c, _clock, _recs = recorded()
     c.arrive(RequestInfo("n4", "t", 0, "m", 100, 200, sequences=4, first_token_visible=False))
     c.step()
-    assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 100 + 4 * 100
+    assert c.snapshot().backends["b0"].inflight_tokens == 100 + 4 * 100
     c.on_finish("n4", Outcome.OK, prompt_tokens=100, completion_tokens=4 * 50)
     c.arrive(RequestInfo("one", "t", 0, "m", 100, 200, first_token_visible=False))
     c.step()
     # learned 50 a sequence (EWMA's first value is taken as it is)
-    assert c.snapshot()["backends"]["b0"]["inflight_tokens"] == 100 + 50
+    assert c.snapshot().backends["b0"].inflight_tokens == 100 + 50
 
 
 def test_a_pinned_request_waits_for_its_own_backend() -> None:
@@ -371,14 +371,14 @@ def test_a_shutting_down_gateway_hands_its_queue_back_and_finishes_what_runs() -
     )
     c.on_finish("a", Outcome.OK, 244, 100)
     assert c.step().assignments == []
-    snap = c.snapshot()["classes"]
-    assert snap["P0"]["queued"] == 0 and snap["P1"]["queued"] == 0
-    assert snap["P0"]["dropped"] == {"shutting_down": 1}
-    assert snap["P0"]["admitted"] == snap["P0"]["dispatched"] + 1  # "a" ran, "b" handed back
-    assert snap["P0"]["rejected"] == {"shutting_down": 1}
+    snap = c.snapshot().classes
+    assert snap["P0"].queued == 0 and snap["P1"].queued == 0
+    assert snap["P0"].dropped == {"shutting_down": 1}
+    assert snap["P0"].admitted == snap["P0"].dispatched + 1  # "a" ran, "b" handed back
+    assert snap["P0"].rejected == {"shutting_down": 1}
 
 
 def test_limits_are_each_backends_limit_in_force() -> None:
     c, _, _ = recorded(limit=3)
     assert c.limits() == {"b0": 3}
-    assert c.limits() == {name: b["limit"] for name, b in c.snapshot()["backends"].items()}
+    assert c.limits() == {name: b.limit for name, b in c.snapshot().backends.items()}

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller, Step
+from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import Limiter, LimiterBase, LimiterContext, make_limiter
-from sluice.core.limiters.base import SharedRoom
 from sluice.core.request_record import RequestState
 from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RejectCode, RequestInfo, Sample
@@ -134,13 +134,10 @@ class CheckedLimiter(LimiterBase):
 
 
 def check_counters(snap: dict[str, Any]) -> None:
-    for cls in snap["classes"].values():
-        assert cls["arrived"] == cls["admitted"] + sum(cls["rejected"].values())
-        assert cls["admitted"] == (
-            cls["queued"]
-            + cls["dispatched"]
-            + sum(cls["dropped"].values())
-            + cls["cancelled_queued"]
+    for cls in snap.classes.values():
+        assert cls.arrived == cls.admitted + sum(cls.rejected.values())
+        assert cls.admitted == (
+            cls.queued + cls.dispatched + sum(cls.dropped.values()) + cls.cancelled_queued
         )
 
 
@@ -273,15 +270,15 @@ def test_random_event_sequences_keep_the_invariants(algorithm: str, ops: list[tu
                 assert state is RequestState.GONE
         snap = c.snapshot()
         check_counters(snap)
-        for name, b in snap["backends"].items():
+        for name, b in snap.backends.items():
             on_it = [be for be in (*inflight.values(), *unreported.values()) if be == name]
-            assert b["inflight"] == len(on_it)
-        assert sum(cls["queued"] for cls in snap["classes"].values()) == len(queued)
-        assert 0.0 <= snap["pressure"] <= 1.0
+            assert b.inflight == len(on_it)
+        assert sum(cls.queued for cls in snap.classes.values()) == len(queued)
+        assert 0.0 <= snap.pressure <= 1.0
 
     assert violations == []  # never placed over the limit in force
-    classes = c.snapshot()["classes"].values()
-    dispatched = sum(cls["dispatched"] for cls in classes)
-    assert sum(sum(cls["finished"].values()) for cls in classes) == finished
-    assert sum(cls["cancelled_inflight"] for cls in classes) == cancelled_inflight
+    classes = c.snapshot().classes.values()
+    dispatched = sum(cls.dispatched for cls in classes)
+    assert sum(sum(cls.finished.values()) for cls in classes) == finished
+    assert sum(cls.cancelled_inflight for cls in classes) == cancelled_inflight
     assert dispatched == len(inflight) + len(unreported) + finished + cancelled_inflight

@@ -156,7 +156,7 @@ def test_placed_on_arrival_and_reported_by_the_next_step() -> None:
     assert c.arrive(RequestInfo("a", "A", 1, "m", 100, 100)).admitted
     # in flight at once, on the backend the next pass names
     assert c.state_of("a") is RequestState.INFLIGHT and c.backend_of("a") == "b0"
-    assert c.snapshot()["classes"]["P1"]["queued"] == 0
+    assert c.snapshot().classes["P1"].queued == 0
     assert not c.quiet()  # an assignment waits to be reported: step now
     clock.advance(0.5)
     assert c.step() == Step([Assignment("a", "b0", 0.0)], [], None)
@@ -185,14 +185,19 @@ def test_cancelled_before_its_report_gives_back_its_slot_and_quota() -> None:
     policy = make_policy(limit=1, reserved=0.0)
     quotas = InProcessQuotas(policy.core_settings().tenants)
     c = controller(policy, clock, on_arrival=True, quotas=quotas)
-    before = quotas.levels("C", 0.0)
     c.arrive(RequestInfo("a", "C", 0, "m", 100, 100))
-    assert quotas.open_requests("C") == 1 and quotas.levels("C", 0.0) != before
     c.cancel("a")
     assert c.state_of("a") is RequestState.GONE
-    assert quotas.open_requests("C") == 0 and quotas.levels("C", 0.0) == before  # never ran
+    # never ran: its slot and its tokens came back, the quota answers as a fresh one (C:
+    # 3 slots, 20,000 tokens a minute; the third probe waits for 7,000 tokens)
+    fresh = InProcessQuotas(policy.core_settings().tenants)
+    probes = [quotas.acquire("C", 9_000, 0.0) for _ in range(3)]
+    assert probes == [fresh.acquire("C", 9_000, 0.0) for _ in range(3)]
+    assert [p.ok for p in probes] == [True, True, False]
+    for _ in range(2):
+        quotas.refund("C", 9_000, 0.0)  # the probes never ran either
     assert c.step().assignments == []  # not reported
-    assert c.snapshot()["backends"]["b0"]["inflight"] == 0
+    assert c.snapshot().backends["b0"].inflight == 0
     c.arrive(RequestInfo("b", "C", 0, "m", 100, 100))  # the slot is free again
     assert c.step().assignments == [Assignment("b", "b0", 0.0)]
 

@@ -77,7 +77,7 @@ def test_reserved_slots_keep_room_for_p0() -> None:
     assert ids(c.step().assignments) == ["p1-9"]  # P1 before P2
     c.on_finish("p1-2", Outcome.OK, 100, 10)
     assert ids(c.step().assignments) == ["p2"]
-    assert c.snapshot()["backends"]["b0"]["inflight"] == 8
+    assert c.snapshot().backends["b0"].inflight == 8
 
 
 def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
@@ -101,7 +101,7 @@ def test_aging_serves_p1_one_in_five_under_a_p0_flood() -> None:
     p1 = [(t, rid) for t, rid in served if rid.startswith("p1")]
     # not before P1's oldest has waited more than 10 s; then every fifth dispatch
     assert p1 == [(15, "p1-0"), (20, "p1-1"), (25, "p1-2"), (30, "p1-3")]
-    assert c.snapshot()["aged_dispatches"] == 4
+    assert c.snapshot().aged_dispatches == 4
 
 
 def test_aging_does_nothing_when_p0_is_idle() -> None:
@@ -298,12 +298,12 @@ def test_a_queued_disconnect_leaves_at_once() -> None:
     c.step()
     c.arrive(req("gone", 1, tenant="A"))
     c.arrive(req("stay", 1, tenant="B"))
-    assert c.snapshot()["classes"]["P1"]["tenants_queued"] == {"A": 1, "B": 1}
+    assert c.snapshot().classes["P1"].tenants_queued == {"A": 1, "B": 1}
     c.cancel("gone")
-    snap = c.snapshot()["classes"]["P1"]
-    assert snap["queued"] == 1
-    assert snap["tenants_queued"] == {"B": 1}
-    assert snap["cancelled_queued"] == 1
+    snap = c.snapshot().classes["P1"]
+    assert snap.queued == 1
+    assert snap.tenants_queued == {"B": 1}
+    assert snap.cancelled_queued == 1
     assert c.state_of("gone") is RequestState.GONE
     c.on_finish("busy", Outcome.OK, 100, 10)
     assert ids(c.step().assignments) == ["stay"]
@@ -311,7 +311,7 @@ def test_a_queued_disconnect_leaves_at_once() -> None:
     c.cancel("gone")
     c.on_first_token("gone")
     c.on_finish("gone", Outcome.OK, 1, 1)
-    assert c.snapshot()["classes"]["P1"]["finished"] == {"ok": 1}
+    assert c.snapshot().classes["P1"].finished == {"ok": 1}
 
 
 def test_cancel_in_flight_frees_the_slot() -> None:
@@ -322,7 +322,7 @@ def test_cancel_in_flight_frees_the_slot() -> None:
     assert ids(c.step().assignments) == ["a"]
     c.cancel("a")
     assert ids(c.step().assignments) == ["b"]
-    assert c.snapshot()["backends"]["b0"]["inflight"] == 1
+    assert c.snapshot().backends["b0"].inflight == 1
 
 
 def test_another_models_request_goes_when_the_heads_model_is_full() -> None:

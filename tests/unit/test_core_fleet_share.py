@@ -11,6 +11,7 @@ from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.fleet_share import FleetShare
+from sluice.core.snapshot import FleetSnapshot
 from sluice.core.types import BackendMetrics, Outcome, RequestInfo
 
 
@@ -19,13 +20,9 @@ def test_before_any_evidence_a_replica_assumes_one_of_16() -> None:
     assert f.value == 1 / 16
     f.observe(0, 0, 0.0, 1.0)  # an idle backend says nothing about who else sends
     assert f.value == 1 / 16
-    assert f.describe() == {
-        "share": 1 / 16,
-        "estimate": 0.0625,
-        "prior": 1 / 16,
-        "processes": None,
-        "requests_seen": 0.0,
-    }
+    assert f.describe() == FleetSnapshot(
+        share=1 / 16, estimate=0.0625, prior=1 / 16, processes=None, requests_seen=0.0
+    )
 
 
 def test_one_of_two_replicas_learns_a_half() -> None:
@@ -153,7 +150,7 @@ def test_the_controller_counts_its_requests_in_flight_and_those_that_just_left()
     c.on_finish("a", Outcome.CANCELLED, prompt_tokens=300, completion_tokens=0)
     _scrape(c, running=6.0)  # b and c of 6; a left since: maybe shown, not another's
     assert c.fleet_share() == pytest.approx((2 + 2 + 0.25) / (6 + 6 + 4))
-    assert c.snapshot()["fleet"]["share"] == pytest.approx(c.fleet_share())
+    assert c.snapshot().fleet.share == pytest.approx(c.fleet_share())
 
 
 def test_a_lone_controller_takes_the_whole_kv_budget() -> None:
@@ -162,9 +159,9 @@ def test_a_lone_controller_takes_the_whole_kv_budget() -> None:
     for _ in range(3):
         _scrape(c, running=1.0)  # 1, 2, 3 requests seen: not yet sure it is alone
         assert c.fleet_share() < 1.0
-        assert c.snapshot()["backends"]["b0"]["kv_budget_tokens"] < 0.8 * 4096
+        assert c.snapshot().backends["b0"].kv_budget_tokens < 0.8 * 4096
     _scrape(c, running=1.0)  # 4 requests seen, none another's
     assert c.fleet_share() == 1.0
-    assert c.snapshot()["backends"]["b0"]["kv_budget_tokens"] == pytest.approx(0.8 * 4096)
+    assert c.snapshot().backends["b0"].kv_budget_tokens == pytest.approx(0.8 * 4096)
     _send(c, "b")
-    assert c.snapshot()["backends"]["b0"]["inflight"] == 2
+    assert c.snapshot().backends["b0"].inflight == 2

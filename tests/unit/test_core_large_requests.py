@@ -60,7 +60,7 @@ def test_a_prompt_larger_than_every_kv_cache_is_refused_at_arrival() -> None:
     c, _ = controller()
     adm = c.arrive(req("huge", 1, "a", prompt=CAPACITY + 1))
     assert (adm.admitted, adm.code, adm.retry_after_s) == (False, RejectCode.TOO_LARGE, 0.0)
-    assert c.snapshot()["classes"]["P1"]["rejected"] == {"context_length_exceeded": 1}
+    assert c.snapshot().classes["P1"].rejected == {"context_length_exceeded": 1}
     # one that fits the cache (if not the budget) is queued as usual
     assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).admitted
 

@@ -316,7 +316,7 @@ TINY_KV = {"num_gpu_blocks": 256, "block_size": 16}
 
 def kept(share: float, footprint: float = 360.0) -> float:
     """The shared budget: 3,276.8 less the spread of the replicas' draws, sqrt(R) / 2
-    requests of our footprint for R = 1 / share (limiters/sluice.py)."""
+    requests of our footprint for R = 1 / share (core/kv_budget.py)."""
     return 3276.8 - 0.5 * math.sqrt(1.0 / share) * footprint
 
 
@@ -325,8 +325,8 @@ def shared(own_requests: int, footprint: int = 360, fleet_share: float = 0.25) -
     lim.on_metrics(BackendMetrics(at=0.0, **TINY_KV), 0.0)  # type: ignore[arg-type]
     for n in range(1, own_requests + 1):
         lim.on_dispatch(n, footprint, 0.0)
-    lim.own_kv_tokens = float(own_requests * footprint)
-    lim.fleet_share = fleet_share  # as the controller sets it from core/fleet_share.py
+    # as the controller tells it before each scrape (core/fleet_share.py)
+    lim.on_fleet(float(own_requests * footprint), fleet_share, False)
     return lim
 
 

@@ -40,16 +40,18 @@ def test_tokens_per_minute_and_settlement() -> None:
 
 def test_max_concurrency_and_refund() -> None:
     q = InProcessQuotas(
-        [TenantLimits(name="t", max_concurrency=1, requests_per_minute=60)], concurrency_retry_s=1.5
+        [TenantLimits(name="t", max_concurrency=1, requests_per_minute=2)], concurrency_retry_s=1.5
     )
     assert q.acquire("t", 1, 0.0).ok
     d = q.acquire("t", 1, 0.0)
-    assert not d.ok and d.retry_after_s == 1.5
+    assert not d.ok and d.retry_after_s == 1.5  # refused for its slot: nothing charged
     q.release("t", 0.0)
-    assert q.open_requests("t") == 0
-    assert q.acquire("t", 1, 0.0).ok
+    assert q.acquire("t", 1, 0.0).ok  # its slot again, and the minute's second request
     q.refund("t", 1, 0.0)  # never ran: request token and slot come back
-    assert q.open_requests("t") == 0
+    assert q.acquire("t", 1, 0.0).ok
+    q.release("t", 0.0)
+    d = q.acquire("t", 1, 0.0)
+    assert not d.ok and d.retry_after_s == 30.0  # both requests of the minute used
 
 
 def test_controller_rejects_with_tenant_quota() -> None:
@@ -68,7 +70,7 @@ def test_controller_rejects_with_tenant_quota() -> None:
     c.on_finish("a", Outcome.OK, 10, 5)
     clock.set(60.0)
     assert c.arrive(RequestInfo("c", "t", 0, "m", 10, 10)).admitted
-    assert c.snapshot()["classes"]["P0"]["rejected"] == {"tenant_quota": 1}
+    assert c.snapshot().classes["P0"].rejected == {"tenant_quota": 1}
 
 
 def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time() -> None:
@@ -88,9 +90,9 @@ def test_a_quota_that_refills_past_the_clients_deadline_cannot_serve_it_in_time(
     late = c.arrive(RequestInfo("d", "t", 1, "m", 10, 10, client_deadline=129.0))
     assert late.code is RejectCode.CANNOT_SERVE_IN_TIME and late.booking is None
     assert late.retry_after_s == 30.0  # the earliest room, for its message
-    snap = c.snapshot()["classes"]["P1"]
-    assert snap["rejected"] == {"tenant_quota": 1, "cannot_serve_in_time": 1}
-    assert snap["returns"]["unservable"] == 1
+    snap = c.snapshot().classes["P1"]
+    assert snap.rejected == {"tenant_quota": 1, "cannot_serve_in_time": 1}
+    assert snap.returns.unservable == 1
 
 
 def test_hot_reload_changes_quotas() -> None:
@@ -111,28 +113,40 @@ def test_a_share_scales_every_limit_and_starts_from_its_part_of_what_was_left() 
     # a quarter of the quota; the tenant had 4 requests and 600 tokens left of its minute;
     # one request admitted before is still running here
     q.set_share("t", QuotaShare(0.25, requests_level=4.0, tokens_level=600.0, open=1), 0.0)
-    assert q.levels("t", 0.0) == (1.0, 150.0)
-    assert q.open_requests("t") == 1
+    # 150 tokens: one more waits for it at 5/s (a refused request is charged nothing)
+    d = q.acquire("t", 151, 0.0)
+    assert not d.ok and d.retry_after_s == pytest.approx(0.2)
     assert q.acquire("t", 150, 0.0).ok
     # maxConcurrency: ceil(5 / 4) = 2 slots, the running one included
     assert q.acquire("t", 1, 0.0).retry_after_s == 1.0
     q.release("t", 0.0)
     d = q.acquire("t", 1, 0.0)
-    assert not d.ok and d.retry_after_s == pytest.approx(24.0)  # 1 request at 2.5/min
-    # refilled at a quarter of the rate (5 tokens/s), up to a quarter of the capacity
-    assert q.levels("t", 10.0) == (pytest.approx(10 * 2.5 / 60), 50.0)
-    assert q.levels("t", 600.0) == (2.5, 300.0)  # a long loss: one share, never more
-    # new limits (a reload) keep the share
+    assert not d.ok and d.retry_after_s == pytest.approx(24.0)  # 1 was left: 1 at 2.5/min
+    # refilled at a quarter of the rate: 10 s later 10 x 2.5 / 60 requests, 50 tokens
+    assert q.acquire("t", 1, 10.0).retry_after_s == pytest.approx(14.0)  # 7/12 request short
+    assert q.acquire("t", 300, 10.0).retry_after_s == pytest.approx(50.0)  # 250 tokens short
+    # a long loss: one share, never more (2.5 requests, 300 tokens)
+    assert q.acquire("t", 300, 600.0).ok
+    q.release("t", 600.0)
+    assert q.acquire("t", 1, 600.0).retry_after_s == pytest.approx(0.2)  # no 301st token
+    q.settle("t", -300, 600.0)  # it used none: all 300 back
+    assert q.acquire("t", 1, 600.0).ok
+    q.release("t", 600.0)
+    assert q.acquire("t", 1, 600.0).retry_after_s == pytest.approx(12.0)  # 0.5 request left
+    # new limits (a reload) keep the share: a quarter of 2400 tokens, no request limit
     q.set_limits([TenantLimits(name="t", tokens_per_minute=2400)], 600.0)
-    assert q.levels("t", 1200.0) == (None, 600.0)
+    assert q.acquire("t", 600, 1200.0).ok
+    assert q.acquire("t", 0, 1200.0).ok and q.acquire("t", 0, 1200.0).ok
+    assert q.acquire("t", 1, 1200.0).retry_after_s == pytest.approx(0.1)  # 1 token at 10/s
 
 
 def test_a_share_without_known_levels_starts_full() -> None:
     q = InProcessQuotas([TenantLimits(name="t", tokens_per_minute=1000, max_concurrency=1)])
     q.set_share("t", QuotaShare(0.1), 5.0)
-    assert q.levels("t", 5.0) == (None, 100.0)
-    assert q.acquire("t", 1, 5.0).ok
+    assert q.acquire("t", 100, 5.0).ok  # a tenth of 1,000 tokens, all there
     assert not q.acquire("t", 1, 5.0).ok  # a cap is never cut to nothing: 1 slot
+    q.release("t", 5.0)
+    assert q.acquire("t", 1, 5.0).retry_after_s == pytest.approx(0.6)  # 1 token at 100/min
 
 
 def test_local_fractions_follow_the_traffic_and_add_up_to_one() -> None:
@@ -172,7 +186,8 @@ def test_a_request_is_charged_at_most_a_full_bucket_and_nothing_if_the_backend_r
     assert q.charge_for("t", 2**63 - 1) == 100_000
     assert q.acquire("t", q.charge_for("t", 2**63 - 1), 0.0).ok
     q.settle("t", 10**18, 0.0)  # whatever a backend reports: at most a minute in debt
-    assert q.levels("t", 0.0) == (None, -100_000.0)
+    d = q.acquire("t", 1, 0.0)
+    assert not d.ok and d.retry_after_s == pytest.approx(60.0006)  # 100,001 at 100,000/min
     assert q.acquire("t", 1, 120.0).ok
 
 
@@ -210,6 +225,9 @@ def test_the_quota_is_charged_what_the_cost_model_expects_as_the_shared_store_is
     second = RequestInfo("b", "t", 1, "m", 100, 1000)
     expected = c.cost_of(second)
     assert expected == round(100 * 2.0 + 40)
-    before = quotas.levels("t", clock.now())[1]
+    # a probe larger than what is left is refused for the tokens missing (charged nothing)
+    before = quotas.acquire("t", 6_000, clock.now())
     c.arrive(second)
-    assert before is not None and quotas.levels("t", clock.now())[1] == before - expected
+    after = quotas.acquire("t", 6_000, clock.now())
+    assert not before.ok and not after.ok
+    assert after.retry_after_s - before.retry_after_s == pytest.approx(expected / 100)  # 100/s

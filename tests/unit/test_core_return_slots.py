@@ -265,9 +265,9 @@ def test_a_refused_client_back_in_its_slot_is_let_in_ahead_of_fresh_arrivals() -
     # and it goes first when a slot frees, before the two queued before it came back
     c.on_finish(inflight[0], Outcome.OK, 100, 10)
     assert [a.request_id for a in c.step().assignments] == ["r.1"]
-    snap = c.snapshot()["classes"]["P2"]["returns"]
-    assert snap["booked"] >= 2 and snap["returned"] == 1 and snap["returned_admitted"] == 1
-    assert snap["waited"] == 1 and snap["waited_s"] == pytest.approx(adm.retry_after_s)
+    snap = c.snapshot().classes["P2"].returns
+    assert snap.booked >= 2 and snap.returned == 1 and snap.returned_admitted == 1
+    assert snap.waited == 1 and snap.waited_s == pytest.approx(adm.retry_after_s)
 
 
 def test_a_client_back_too_early_is_a_fresh_arrival() -> None:
@@ -294,7 +294,7 @@ def test_a_retry_after_never_points_past_the_clients_deadline() -> None:
         else:
             assert adm.retry_after_s <= left, (k, adm)
         clock.advance(0.01)
-    told = c.snapshot()["classes"]["P2"]["returns"]["unservable"]
+    told = c.snapshot().classes["P2"].returns.unservable
     assert told > 0  # the short deadlines were told so
 
 
@@ -332,7 +332,7 @@ def test_an_idle_gateway_quotes_a_short_retry_after() -> None:
     # the issue's dashboard showed P0's Retry-After as 60 s on an idle gateway
     c = Controller(Policy().core_settings(), FakeClock(), ["b0"])
     c.set_backend_health("b0", True)
-    quotes = {k: v["retry_after_s"] for k, v in c.snapshot()["classes"].items()}
+    quotes = {k: v.retry_after_s for k, v in c.snapshot().classes.items()}
     # one unit of the room its free slots give (8 slots for P0, 6 for P1/P2: 1 s each)
     assert quotes == pytest.approx({"P0": 1 / 8, "P1": 1 / 6, "P2": 1 / 6})
 

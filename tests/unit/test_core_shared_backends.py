@@ -9,8 +9,8 @@ from typing import Any
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
+from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import LimiterBase, LimiterContext
-from sluice.core.limiters.base import SharedRoom
 from sluice.core.settings import LimiterSettings
 from sluice.core.types import Outcome, RequestInfo
 
@@ -131,8 +131,7 @@ def _limiter_on(running: float, *, share: float, own: int = 0) -> Any:
     lim.on_release(0, 0.0)
     for n in range(1, own + 1):
         lim.on_dispatch(n, COST, 0.0)
-    lim.own_kv_tokens = float(own * COST)
-    lim.fleet_share = share
+    lim.on_fleet(float(own * COST), share, False)
     m = BackendMetrics(
         at=0.0, running=running, waiting=0.0, kv_usage=0.0, num_gpu_blocks=256, block_size=16
     )

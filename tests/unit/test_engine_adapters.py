@@ -218,7 +218,7 @@ def test_detection_from_models_and_info() -> None:
 
 
 def test_tgi_max_concurrent_requests_caps_the_limit() -> None:
-    from sluice.core.limiters.sluice import SluiceLimiter
+    from sluice.core.limiters.latency_feedback import SluiceLimiter
 
     m = read("tgi", {"/metrics": "tgi-2.0.txt", "/info": "tgi-2.0-info.json"})
     assert m.max_concurrency == 128
@@ -229,7 +229,7 @@ def test_tgi_max_concurrent_requests_caps_the_limit() -> None:
 
 
 def test_llamacpp_slots_cap_the_limit() -> None:
-    from sluice.core.limiters.sluice import SluiceLimiter
+    from sluice.core.limiters.latency_feedback import SluiceLimiter
 
     m = read("llamacpp", {"/metrics": "llamacpp-b4000.txt", "/slots": "llamacpp-b4000-slots.json"})
     limiter = SluiceLimiter(1, 1024, 16)

@@ -73,7 +73,7 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     await asyncio.sleep(0)
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
-    assert controller.snapshot()["classes"]["P0"]["queued"] == 0
+    assert controller.snapshot().classes["P0"].queued == 0
     bridge.close()
 
 

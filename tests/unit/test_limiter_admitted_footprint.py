@@ -68,13 +68,13 @@ def test_long_prompts_admitted_lower_the_limit_before_they_are_dispatched() -> N
     for i in range(12):
         c.arrive(_req(f"s{i}", 80))  # footprint 100
     assert len(c.step().assignments) == 12  # floor(1280 / 100) = 12 fit the KV budget
-    assert c.snapshot()["backends"]["b0"]["limit"] == 12
+    assert c.snapshot().backends["b0"].limit == 12
     for i in range(3):
         c.arrive(_req(f"long{i}", 380))  # footprint 400, queued behind the short ones
     clock.set(1.0)
     c.on_finish("s0", Outcome.OK, 80, 20)
     # the short requests still in flight are not what comes next: 1280 / 400
-    assert c.snapshot()["backends"]["b0"]["limit"] == 3
+    assert c.snapshot().backends["b0"].limit == 3
     assert c.step().assignments == []  # 11 in flight > 3
 
 
@@ -95,4 +95,4 @@ def test_a_backend_follows_the_admissions_for_the_models_it_serves(
     # b0 serving any model may get the 1,200-token request: floor(1280 / 1200); serving
     # only "m", it will not, and its cap stays at floor(1280 / 100)
     want = 1 if models is None else 12
-    assert c.snapshot()["backends"]["b0"]["limit"] == want
+    assert c.snapshot().backends["b0"].limit == want

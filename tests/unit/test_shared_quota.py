@@ -223,38 +223,59 @@ def test_failover_quotas_charge_nothing_while_shared_and_locally_while_not() -> 
     q = FailoverQuotas(local, circuit)
     for _ in range(5):
         assert q.acquire("t", 10, 0.0).ok  # shared: Redis decided, the core adds nothing
-    assert local.open_requests("t") == 0
     circuit.failure(timeout=False)
-    assert q.acquire("t", 10, 0.0).ok
+    assert q.acquire("t", 10, 0.0).ok  # both requests of the minute are still there
     assert q.acquire("t", 10, 0.0).ok
     refused = q.acquire("t", 10, 0.0)
     assert not refused.ok and refused.retry_after_s == 30.0  # 1 request at 2/min
-    assert local.open_requests("t") == 2
     circuit.success()  # Redis is back; the two local requests still give back locally
     q.refund("t", 10, 0.0)
-    assert local.open_requests("t") == 1
     q.release("t", 0.0)
-    assert local.open_requests("t") == 0
     q.release("t", 0.0)  # a request admitted through Redis: nothing local to give back
     q.refund("t", 10, 0.0)
-    assert local.open_requests("t") == 0
     circuit.failure(timeout=False)
-    assert q.acquire("t", 10, 0.0).ok  # the refund above came back (1 of 2 used)
+    assert q.acquire("t", 10, 0.0).ok  # the first refund came back (1 of 2 used)
     assert not q.acquire("t", 10, 0.0).ok
+
+
+def test_failover_quotas_hold_local_slots_for_local_requests_only() -> None:
+    circuit = QuotaCircuit(FakeClock())
+    local = InProcessQuotas([TenantLimits(name="c", max_concurrency=2)])
+    q = FailoverQuotas(local, circuit)
+    for _ in range(5):
+        assert q.acquire("c", 10, 0.0).ok  # shared: no local slot
+    circuit.failure(timeout=False)
+    assert q.acquire("c", 10, 0.0).ok and q.acquire("c", 10, 0.0).ok
+    assert q.acquire("c", 10, 0.0).retry_after_s == 1.0  # both local slots held
+    circuit.success()  # Redis is back; the two local requests still give back locally
+    q.refund("c", 10, 0.0)
+    q.release("c", 0.0)
+    q.release("c", 0.0)  # a request admitted through Redis: no local slot to give back
+    circuit.failure(timeout=False)
+    assert q.acquire("c", 10, 0.0).ok and q.acquire("c", 10, 0.0).ok  # both free again
+    assert q.acquire("c", 10, 0.0).retry_after_s == 1.0  # and no third
 
 
 def test_without_a_sight_local_quotas_are_an_even_share_of_the_live_processes() -> None:
     circuit = QuotaCircuit(FakeClock())
     local = InProcessQuotas()
     q = FailoverQuotas(local, circuit)
-    q.set_limits([TenantLimits(name="t", requests_per_minute=5, max_concurrency=3), FREE])
+    q.set_limits(
+        [
+            TenantLimits(name="t", requests_per_minute=5, max_concurrency=3),
+            TenantLimits(name="r", requests_per_minute=5),
+            FREE,
+        ]
+    )
     q.set_processes(2, 0.0)  # two gateway processes were alive in Redis
     circuit.failure(timeout=False)
     q.take_over(0.0, {})
-    assert q.local.levels("t", 0.0) == (2.5, None)
-    admitted = sum(q.acquire("t", 1, 0.0).ok for _ in range(5))
-    assert admitted == 2  # ceil(3 / 2) slots: maxConcurrency binds before 3 requests
-    assert local.open_requests("t") == 2
+    answers = [q.acquire("t", 1, 0.0) for _ in range(5)]
+    assert sum(a.ok for a in answers) == 2
+    assert answers[2].retry_after_s == 1.0  # ceil(3 / 2) slots: maxConcurrency binds
+    # half of 5 requests a minute, full: 2 go, the third waits for half a request
+    assert q.acquire("r", 1, 0.0).ok and q.acquire("r", 1, 0.0).ok
+    assert q.acquire("r", 1, 0.0).retry_after_s == pytest.approx(12.0)  # 0.5 at 2.5/min
     q.set_processes(1, 0.0)  # the other one is gone: the whole quota at the next loss
     q.take_over(60.0, {})
     assert q.acquire("t", 1, 60.0).ok
@@ -289,11 +310,10 @@ def test_going_local_keeps_this_processs_part_of_what_was_left() -> None:
     q = _lost(0.25, 600.0)
     # 600 + 3 s x 20 = 660 left; the part: 0.9 x 0.25 + 0.1 / 2 = 0.275 -> 181.5 tokens,
     # refilled at 5.5/s up to 330
-    assert q.local.levels("m", 3.0) == (None, pytest.approx(181.5))
     assert _drain(q, 3.0) == 181
     refused = q.acquire("m", 1, 3.0)
-    assert refused.retry_after_s == pytest.approx(0.5 / 5.5)
-    assert q.local.levels("m", 3.0 + 600.0)[1] == pytest.approx(330.0)
+    assert refused.retry_after_s == pytest.approx(0.5 / 5.5)  # 0.5 was left
+    assert _drain(q, 3.0 + 600.0) == 330
 
 
 def test_processes_going_local_together_hold_the_quota_once_however_long() -> None:
@@ -471,7 +491,7 @@ def test_a_tenant_added_while_local_gets_its_share_too() -> None:
     circuit.failure(timeout=False)
     q.take_over(0.0, {})
     q.set_limits([FREE, METERED], 1.0)  # a reload while Redis is lost
-    assert q.local.levels("m", 1.0) == (None, 300.0)
+    assert _drain(q, 1.0) == 300  # a quarter of 1,200 tokens, full
 
 
 def test_failover_quotas_pass_new_limits_to_the_gate() -> None:
@@ -547,8 +567,9 @@ async def test_redis_down_goes_local_once_and_requests_stop_trying_it() -> None:
         assert (await gate.acquire("capped", 100)).ok
     assert len(redis.calls) == before  # no Redis call per request while local
     q = gate.controller_quotas
-    assert q.acquire("capped", 100, clock.now()).ok  # charged locally now
-    assert q.local.open_requests("capped") == 1
+    assert q.acquire("capped", 100, clock.now()).ok  # charged locally now: a slot held
+    assert q.acquire("capped", 100, clock.now()).ok
+    assert q.acquire("capped", 100, clock.now()).retry_after_s == 1.0  # 2 slots held
     await gate.stop()
 
 
@@ -660,16 +681,24 @@ async def test_going_local_starts_from_what_redis_last_showed() -> None:
     redis.answer = lambda name, args: RedisConnectionError("Connection refused")
     assert (await gate.acquire("capped", 100)).ok
     assert gate.mode == "local"
-    local = gate.controller_quotas.local
-    # 400 + 1.5 s x 20 = 430 tokens and 31.5 requests left; half of each here
-    assert local.levels("capped", clock.now()) == (15.75, 215.0)
+    # 400 + 1.5 s x 20 = 430 tokens and 31.5 requests left; half of each here (15.75
+    # requests and 215 tokens, refilled at 30 and 600 a minute)
     q = gate.controller_quotas
+    now = clock.now()
     # the request admitted through Redis, still running, holds this process's one slot
     # (ceil(2 / 2)) until it ends
-    assert q.acquire("capped", 100, clock.now()).retry_after_s == 1.0
-    q.release("capped", clock.now())
-    assert q.acquire("capped", 100, clock.now()).ok
-    assert local.levels("capped", clock.now()) == (14.75, 115.0)
+    assert q.acquire("capped", 100, now).retry_after_s == 1.0
+    q.release("capped", now)
+    assert q.acquire("capped", 100, now).ok
+    q.release("capped", now)
+    # 14.75 requests and 115 tokens left: a 116th token waits 0.1 s at 10/s
+    d = q.acquire("capped", 116, now)
+    assert not d.ok and d.retry_after_s == pytest.approx(0.1)
+    for _ in range(14):
+        assert q.acquire("capped", 1, now).ok
+        q.release("capped", now)
+    d = q.acquire("capped", 1, now)
+    assert not d.ok and d.retry_after_s == pytest.approx(0.5)  # 0.25 request at 0.5/s
     await gate.stop()
 
 

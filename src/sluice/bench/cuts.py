@@ -1,33 +1,39 @@
 """What Sluice's limiters did in a run: their state at the end (`describe()`: cuts by
 reason, latency limit, bases, EWMAs) and their cuts by reason over time, read from the
 controller's snapshot -- in virtual time from the Controller, in real mode from the
-gateway's /admin/state -- so the two modes can be compared cut for cut."""
+gateway's /admin/state (`ControllerSnapshot.from_dict`) -- so the two modes can be
+compared cut for cut."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sluice.core.snapshot import ControllerSnapshot
 
-def limiter_states(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
+
+def limiter_states(snapshot: ControllerSnapshot | None) -> dict[str, Any] | None:
     """Per backend, the limiter's state at the end of the run (`describe()`: its cuts by
     reason, latency limit, bases and EWMAs), from the controller's snapshot; None for arms
     without Sluice's controller."""
-    if not snapshot:
+    if snapshot is None:
         return None
     out = {}
-    for name, b in snapshot.get("backends", {}).items():
-        lim = b.get("limiter")
-        if isinstance(lim, dict):
-            out[name] = {"limit": b.get("limit"), **lim}
+    for name, b in snapshot.backends.items():
+        if b.limiter is not None:
+            out[name] = {"limit": b.limit, **b.limiter}
     return out or None
 
 
-def cuts_so_far(snapshot: dict[str, Any]) -> dict[str, int]:
-    """Limit cuts by reason so far, summed over the backends of a controller snapshot."""
+def cuts_so_far(snapshot: ControllerSnapshot) -> dict[str, int]:
+    """Limit cuts by reason so far, summed over the backends of a controller snapshot
+    (from each limiter's `describe()`, whose fields are its algorithm's: those without
+    `cut_reasons` count none)."""
     total: dict[str, int] = {}
-    for b in snapshot.get("backends", {}).values():
-        for reason, n in (b.get("limiter") or {}).get("cut_reasons", {}).items():
-            total[reason] = total.get(reason, 0) + int(n)
+    for b in snapshot.backends.values():
+        reasons = (b.limiter or {}).get("cut_reasons")
+        if isinstance(reasons, dict):
+            for reason, n in reasons.items():
+                total[reason] = total.get(reason, 0) + int(n)
     return total
 
 

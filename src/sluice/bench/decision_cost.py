@@ -200,7 +200,7 @@ def run_once(
         "core_ns_per_backend_scrape": scrape_ns / max(1, scrapes),
         "queued_mean": round(queued_sum / max(1, n_arrivals), 1),
         "queued_max": queued_max,
-        "dispatched": sum(c["dispatched"] for c in snap["classes"].values()),
+        "dispatched": sum(c.dispatched for c in snap.classes.values()),
     }
 
 

@@ -57,6 +57,7 @@ from sluice.bench.workload import ClientRequest, retry_delay
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
+from sluice.core.snapshot import ControllerSnapshot
 from sluice.core.types import BackendMetrics, Outcome, RequestInfo
 from sluice.sim.engine import Engine, EngineRequest, EngineSnapshot, StepResult
 from sluice.sim.profiles import Profile
@@ -230,7 +231,7 @@ class ArmRun:
     series: dict[str, Any]
     wall_s: float = 0.0
     events: int = 0
-    controller_snapshot: dict[str, Any] | None = None
+    controller_snapshot: ControllerSnapshot | None = None  # None: a peer arm, or `direct`
     # per engine: the most requests it ran in one step, and when
     peak_running: list[int] = field(default_factory=list)
     peak_running_at: list[float] = field(default_factory=list)
@@ -547,8 +548,8 @@ class _Run:
 
     def _open_counts(self, k: int) -> dict[str, int]:
         snap = self.ctrls[k].snapshot()
-        queued = sum(c["queued"] for c in snap["classes"].values())
-        inflight = sum(b["inflight"] for b in snap["backends"].values())
+        queued = sum(c.queued for c in snap.classes.values())
+        inflight = sum(b.inflight for b in snap.backends.values())
         return {"queued": queued, "inflight": inflight}
 
     def _replica_exits(self, t: float, k: int, *, cut: bool) -> None:
@@ -1171,10 +1172,10 @@ class _Run:
         s.t.append(round(t, 3))
         if self.ctrls:
             snaps = [self.ctrls[k].snapshot() for k in self._live()]
-            pressure = sum(snap["pressure"] for snap in snaps) / len(snaps)
+            pressure = sum(snap.pressure for snap in snaps) / len(snaps)
             s.pressure.append(round(pressure, 4))
             for b, name in enumerate(self.names):
-                s.limit[b].append(sum(snap["backends"][name]["limit"] for snap in snaps))
+                s.limit[b].append(sum(snap.backends[name].limit for snap in snaps))
             if self.arm.gateway is None:
                 cuts: dict[str, int] = {}
                 for snap in snaps:
@@ -1319,7 +1320,8 @@ def run_arm(
         series=run.series.as_dict(),
         wall_s=time.perf_counter() - started,
         events=run.events,
-        controller_snapshot=run.ctrl.snapshot() if run.ctrl is not None else None,
+        # Sluice's controller's (a peer model's has no limiter state to report)
+        controller_snapshot=run.ctrl.snapshot() if isinstance(run.ctrl, Controller) else None,
         peak_running=run.peak_running,
         peak_running_at=run.peak_running_at,
         replicas=run.replica_report(),

@@ -61,6 +61,7 @@ from sluice.bench.scenario import CLASSES, Scenario
 from sluice.client.retry_after import parse_window
 from sluice.client.transport import BOOKING_HEADER
 from sluice.config import Policy
+from sluice.core.snapshot import ControllerSnapshot
 
 SAMPLE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 20.0
@@ -199,7 +200,9 @@ def policy_yaml(policy: Policy, urls: list[str]) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-async def controller_state(session: aiohttp.ClientSession, gateway: str) -> dict[str, Any] | None:
+async def controller_state(
+    session: aiohttp.ClientSession, gateway: str
+) -> ControllerSnapshot | None:
     """The gateway's controller snapshot (limits, limiters' state), or None."""
     try:
         async with session.get(
@@ -213,7 +216,7 @@ async def controller_state(session: aiohttp.ClientSession, gateway: str) -> dict
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
         return None
     controller = doc.get("controller")
-    return controller if isinstance(controller, dict) else None
+    return ControllerSnapshot.from_dict(controller) if isinstance(controller, dict) else None
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, within_s: float) -> None:
@@ -302,7 +305,7 @@ class _ArmRunner:
         # engine counters, at the start and as last scraped (see `recomputed_tokens`)
         self.counters0: list[dict[str, float]] = [{} for _ in sims]
         self.counters: list[dict[str, float]] = [{} for _ in sims]
-        self.controller_snapshot: dict[str, Any] | None = None
+        self.controller_snapshot: ControllerSnapshot | None = None
         # the gateway's last /metrics that answered: a sample whose scrape fails (a
         # starved gateway past the 2 s timeout) repeats it, so every column keeps one
         # value per sample time
@@ -592,7 +595,7 @@ class _ArmRunner:
         s = self.series
         s["t"].append(round(self.now(), 3))
         if self.gateway is not None and self.arm.policy is not None:
-            add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap else {})
+            add_cuts_sample(s, len(s["t"]), cuts_so_far(snap) if snap is not None else {})
         for i, m in enumerate(sims):
             kv = None if m is None else first(m, "vllm:kv_cache_usage_perc")
             waiting = None if m is None else first(m, "vllm:num_requests_waiting")

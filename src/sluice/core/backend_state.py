@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import Limiter
-from sluice.core.limiters.base import SharedRoom
 from sluice.core.types import BackendMetrics
 
 if TYPE_CHECKING:

@@ -56,6 +56,12 @@ from sluice.core.settings import (
     LimiterSettings,
     PressureSettings,
 )
+from sluice.core.snapshot import (
+    BackendSnapshot,
+    ClassSnapshot,
+    ControllerSnapshot,
+    ReturnsSnapshot,
+)
 from sluice.core.token_cost import TokenCostModel, footprint_tokens
 from sluice.core.types import (
     SIGNALS,
@@ -122,18 +128,6 @@ class ClassCounters:
         self.cancelled_inflight = 0
         self.finished: dict[str, int] = {}
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "arrived": self.arrived,
-            "admitted": self.admitted,
-            "rejected": dict(self.rejected),
-            "dispatched": self.dispatched,
-            "dropped": dict(self.dropped),
-            "cancelled_queued": self.cancelled_queued,
-            "cancelled_inflight": self.cancelled_inflight,
-            "finished": dict(self.finished),
-        }
-
 
 class ReturnCounters:
     """Per class, what the return slots did (booking rule): refusals that got a slot,
@@ -151,9 +145,6 @@ class ReturnCounters:
         self.returned_admitted = 0
         self.waited = 0
         self.waited_s = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in self.__slots__}
 
 
 class Forecast(NamedTuple):
@@ -997,49 +988,58 @@ class Controller:
             return None
         return rec.backend.name
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ControllerSnapshot:
+        """What the controller shows of itself (core/snapshot.py; its `as_dict()` is the
+        JSON form /admin/state serves)."""
         now = self._clock.now()
-        classes: dict[str, Any] = {}
+        classes: dict[str, ClassSnapshot] = {}
         for q, c in zip(self._queues, self._counters, strict=True):
             prio = q.priority
-            classes[CLASS_NAMES[prio]] = {
-                "name": q.policy.name,
-                "queued": len(q),
-                "head_sojourn_s": q.head_sojourn(now),
-                "dispatch_rate": self._drain.rate(prio, now),
-                "arrival_rate": self._drain.arrival_rate(prio, now),
-                "retry_after_s": self._quote(prio, now),
-                "returns": self._returns_snapshot(prio, now),
-                "tenants_queued": q.tenant_depths(),
-                **c.as_dict(),
-            }
-        backends: dict[str, Any] = {}
+            classes[CLASS_NAMES[prio]] = ClassSnapshot(
+                name=q.policy.name,
+                queued=len(q),
+                head_sojourn_s=q.head_sojourn(now),
+                dispatch_rate=self._drain.rate(prio, now),
+                arrival_rate=self._drain.arrival_rate(prio, now),
+                retry_after_s=self._quote(prio, now),
+                returns=self._returns_snapshot(prio, now),
+                tenants_queued=q.tenant_depths(),
+                arrived=c.arrived,
+                admitted=c.admitted,
+                rejected=dict(c.rejected),
+                dispatched=c.dispatched,
+                dropped=dict(c.dropped),
+                cancelled_queued=c.cancelled_queued,
+                cancelled_inflight=c.cancelled_inflight,
+                finished=dict(c.finished),
+            )
+        backends: dict[str, BackendSnapshot] = {}
         for b in self._dispatcher.backends.values():
             m = b.last_metrics if b.metrics_fresh else None
-            backends[b.name] = {
-                "healthy": b.healthy,
-                "limit": b.limit,
-                "inflight": b.inflight,
-                "inflight_tokens": b.inflight_tokens,
-                "kv_budget_tokens": b.kv_budget,
-                "kv_usage": None if m is None else m.kv_usage,
-                "waiting": None if m is None else m.waiting,
-                "metrics_fresh": b.metrics_fresh,
-                "models": sorted(b.models),
-                **_signals(b.last_metrics),
-            }
-            inner = b.limiter.describe()
-            if inner is not None:
-                backends[b.name]["limiter"] = inner
-        return {
-            "pressure": self.pressure(),
-            "algorithm": self._policy.limiter.algorithm,
-            "expected_ttft_s": self._ttft.get(0.0),
-            "aged_dispatches": self._dispatcher.aged_dispatches,
-            "fleet": self._fleet.describe(),
-            "classes": classes,
-            "backends": backends,
-        }
+            engine, signals = _signals(b.last_metrics)
+            backends[b.name] = BackendSnapshot(
+                healthy=b.healthy,
+                limit=b.limit,
+                inflight=b.inflight,
+                inflight_tokens=b.inflight_tokens,
+                kv_budget_tokens=b.kv_budget,
+                kv_usage=None if m is None else m.kv_usage,
+                waiting=None if m is None else m.waiting,
+                metrics_fresh=b.metrics_fresh,
+                models=tuple(sorted(b.models)),
+                engine=engine,
+                signals=signals,
+                limiter=b.limiter.describe(),
+            )
+        return ControllerSnapshot(
+            pressure=self.pressure(),
+            algorithm=self._policy.limiter.algorithm,
+            expected_ttft_s=self._ttft.get(0.0),
+            aged_dispatches=self._dispatcher.aged_dispatches,
+            fleet=self._fleet.describe(),
+            classes=classes,
+            backends=backends,
+        )
 
     def limits(self) -> dict[str, int]:
         """Each backend's limit in force: what a driver sampling them often reads instead
@@ -1056,16 +1056,22 @@ class Controller:
             return self._ledger.horizon_s
         return max(self._drain.min_s, offer.due - now)
 
-    def _returns_snapshot(self, prio: int, now: float) -> dict[str, Any]:
+    def _returns_snapshot(self, prio: int, now: float) -> ReturnsSnapshot:
         ledger = self._ledger
-        return {
-            **self._returns[prio].as_dict(),
-            "outstanding": ledger.outstanding(prio),
-            "expired": ledger.expired[prio],
-            "show_rate": round(ledger.show_rate(prio), 4),
-            "booked_ahead_s": round(ledger.booked_until(prio, now), 3),
-            "room_rate": round(self._room_forecast(now, prio).rate, 3),
-        }
+        r = self._returns[prio]
+        return ReturnsSnapshot(
+            booked=r.booked,
+            returned=r.returned,
+            returned_admitted=r.returned_admitted,
+            unservable=r.unservable,
+            waited=r.waited,
+            waited_s=r.waited_s,
+            outstanding=ledger.outstanding(prio),
+            expired=ledger.expired[prio],
+            show_rate=round(ledger.show_rate(prio), 4),
+            booked_ahead_s=round(ledger.booked_until(prio, now), 3),
+            room_rate=round(self._room_forecast(now, prio).rate, 3),
+        )
 
     # -- hot reload --------------------------------------------------------------------
 
@@ -1099,10 +1105,10 @@ class Controller:
                 d.refresh(b)
 
 
-def _signals(m: BackendMetrics | None) -> dict[str, Any]:
+def _signals(m: BackendMetrics | None) -> tuple[str | None, dict[str, bool] | None]:
     """The engine behind a backend and which of its signals the limiter has (from the last
     scrape that said so, fresh or not: what an engine exports does not change when one
     scrape fails)."""
     if m is None or m.signals is None:
-        return {"engine": None if m is None else m.engine, "signals": None}
-    return {"engine": m.engine, "signals": {s: s in m.signals for s in SIGNALS}}
+        return (None if m is None else m.engine), None
+    return m.engine, {s: s in m.signals for s in SIGNALS}

@@ -6,7 +6,7 @@ limiters in front of the same backends and know nothing of one another. A scrape
 backend's requests (running + waiting), of which this process knows its own; over all the
 backends and scrapes, its own part of what they show is its part of the fleet's traffic,
 about 1/R for R replicas behind an even Service. Each replica claims that part of a
-backend's free KV room (`SluiceLimiter`, docs/limiter.md "Shared backends"), so that R
+backend's free KV room (`KvBudget`, docs/limiter.md "Shared backends"), so that R
 replicas claim it once between them, also on a backend that is idle, where a scrape shows
 nobody (the burst-start overshoot: R idle replicas each sending a burst's first requests
 into the same idle backend).
@@ -43,6 +43,8 @@ Pure: time is passed in.
 from __future__ import annotations
 
 import math
+
+from sluice.core.snapshot import FleetSnapshot
 
 PRIOR = 1 / 16  # a fresh replica's assumed share: a fleet of up to 16 claims a room once
 PRIOR_WEIGHT = 4.0  # the prior counts as this many requests seen
@@ -137,11 +139,11 @@ class FleetShare:
         self._processes = max(1, processes)
         self.prior = 1.0 / self._processes
 
-    def describe(self) -> dict[str, float | int | None]:
-        return {
-            "share": self.value,
-            "estimate": round(self.estimate, 4),
-            "prior": self.prior,
-            "processes": self._processes,
-            "requests_seen": self._on,
-        }
+    def describe(self) -> FleetSnapshot:
+        return FleetSnapshot(
+            share=self.value,
+            estimate=round(self.estimate, 4),
+            prior=self.prior,
+            processes=self._processes,
+            requests_seen=self._on,
+        )

@@ -13,7 +13,7 @@
      max(1 if waiting > 0 else 0, (kv_usage - KV_CONGESTED_FROM) / (KV_CONGESTED_AT -
      KV_CONGESTED_FROM) clamped to [0, 1]); 0 when no backend has fresh metrics. (The
      limiter's own KV thresholds, its cut and growth guards, are separate rules:
-     core/limiters/sluice.py `kv_high`/`kv_low`.)
+     core/limiters/latency_feedback.py `kv_high`/`kv_low`.)
 
 So 0 = idle, 0.5 = every slot in use and nothing waiting, 1 = every slot in use and a full
 round of the backends queued (or a timeout's worth of waiting, or every backend congested).

@@ -255,12 +255,10 @@ class InProcessQuotas:
         if st is not None and st.open > 0:
             st.open -= 1
 
-    def open_requests(self, tenant: str) -> int:
-        st = self._state.get(tenant)
-        return 0 if st is None else st.open
-
     def levels(self, tenant: str, now: float) -> tuple[float | None, float | None]:
-        """The tenant's (requests, tokens) bucket levels now; None where it has no limit."""
+        """The tenant's (requests, tokens) bucket levels now; None where it has no limit.
+        Not for admission (acquire decides): `sluice bench fleet-quotas` reports what each
+        replica holds when it takes a quota over (bench/fleet_quotas.py)."""
         st = self._get(tenant, now)
         out: list[float | None] = []
         for bucket in (st.requests, st.tokens):

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sluice.config import Backend, Policy, policy_secrets
 from sluice.core.clock import MonotonicClock
 from sluice.core.controller import Controller
+from sluice.core.snapshot import ControllerSnapshot
 from sluice.gateway.auth import KeyRing
 from sluice.gateway.backend_pool import BackendPool
 from sluice.gateway.dispatch_bridge import DispatchBridge
@@ -236,7 +237,7 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ControllerSnapshot:
         return self.controller.snapshot()
 
     # --- routes --------------------------------------------------------------------------
@@ -341,7 +342,7 @@ class Gateway:
         """What the dashboard draws: the controller's snapshot plus cumulative counters
         (the page turns them into rates from one poll to the next). Without the admin key
         it names no tenant and no backend unless `expose.dashboard` is `full`."""
-        snapshot = self.controller.snapshot()
+        snapshot = self.controller.snapshot().as_dict()
         full = self.policy.expose.dashboard == "full"
         if not full:
             key = KeyRing.bearer(request.headers.get("Authorization"))
@@ -401,7 +402,7 @@ class Gateway:
         }
         features = {name: b.state.value for name, b in self.features.breakers.items()}
         body = {
-            "controller": self.controller.snapshot(),
+            "controller": self.controller.snapshot().as_dict(),
             "backends": backends,
             "feature_breakers": features,
             "policy_path": self.policy_path,

@@ -1,11 +1,10 @@
 """The gateway's Prometheus metrics (prefix `sluice_`), on a registry of its own.
 
-Counters and histograms are updated on the request path through pre-bound children (a
-labels() lookup per event would cost more than the event), and through `fast_observe` /
-`fast_inc`: the same updates of the same value objects as the child's observe()/inc(),
-without their per-call checks (the request path's biggest single cost after the core).
-Gauges that describe the controller's state (queue depth, limits, in-flight, pressure)
-are read from its snapshot when /metrics is scraped, so the hot path pays nothing for them.
+Counters and histograms are updated on the request path through pre-bound children's
+own `inc` and `observe` (prometheus_client's public API; a labels() lookup per event would
+cost more than the event). Gauges that describe the controller's state (queue depth,
+limits, in-flight, pressure) are read from its snapshot when /metrics is scraped, so the
+hot path pays nothing for them.
 
 Under `sluice serve --workers N` (PROMETHEUS_MULTIPROC_DIR set by the master) every
 worker writes its values to files in that folder and /metrics, whichever worker answers
@@ -19,9 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -29,38 +27,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from sluice import __version__
+from sluice.core.snapshot import BackendSnapshot, ControllerSnapshot
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 STATE_PUBLISH_S = 0.5
 QUOTA_MODES = ("redis", "local")
-
-
-def fast_observe(child: Any) -> Callable[[float], None]:
-    """`child.observe` (a labelled Histogram child) without its per-call checks: a
-    labelled child is always observable and Sluice attaches no exemplars. It adds to the
-    child's own sum and bucket values, the bucket found by bisection (the first upper
-    bound >= the amount, as Histogram.observe's scan finds it), so the exposition is the
-    same in single- and multi-process mode. Another prometheus_client layout: its own."""
-    total = getattr(child, "_sum", None)
-    buckets = getattr(child, "_buckets", None)
-    bounds = tuple(getattr(child, "_upper_bounds", ()))
-    if total is None or buckets is None or not bounds or len(buckets) != len(bounds):
-        return child.observe
-    add = total.inc
-
-    def observe(amount: float) -> None:
-        add(amount)
-        if amount == amount:  # NaN falls in no bucket, as in Histogram.observe
-            buckets[bisect_left(bounds, amount)].inc(1)
-
-    return observe
-
-
-def fast_inc(child: Any) -> Callable[[float], None]:
-    """`child.inc` (a labelled Counter child) without its per-call checks; call it with
-    the (non-negative) amount."""
-    value = getattr(child, "_value", None)
-    return child.inc if value is None else value.inc
 
 
 # (priority, route): what the request path's metrics are labelled by
@@ -238,16 +209,16 @@ class Telemetry:
         # on first use and indexed directly, no method call between (the request path's
         # hottest calls): `count[key, outcome](1)`, `observe_latency[key](seconds)`.
         self.count: _Bound[tuple[MetricKey, str]] = _Bound(
-            lambda k: fast_inc(self.requests.labels(str(k[0][0]), k[0][1], k[1]))
+            lambda k: self.requests.labels(str(k[0][0]), k[0][1], k[1]).inc
         )
         self.observe_ttft: _Bound[MetricKey] = _Bound(
-            lambda k: fast_observe(self.ttft.labels(str(k[0]), k[1]))
+            lambda k: self.ttft.labels(str(k[0]), k[1]).observe
         )
         self.observe_latency: _Bound[MetricKey] = _Bound(
-            lambda k: fast_observe(self.latency.labels(str(k[0]), k[1]))
+            lambda k: self.latency.labels(str(k[0]), k[1]).observe
         )
         self.observe_queue_wait: _Bound[MetricKey] = _Bound(
-            lambda k: fast_observe(self.queue_wait.labels(str(k[0]), k[1]))
+            lambda k: self.queue_wait.labels(str(k[0]), k[1]).observe
         )
 
     def rejected(self, key: MetricKey, code: str) -> None:
@@ -319,7 +290,7 @@ class Telemetry:
                         entry[part] = entry.get(part, 0.0) + s.value
         return out
 
-    def watch_state(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def watch_state(self, snapshot: Callable[[], ControllerSnapshot]) -> None:
         if self.multiprocess:
             self._state = _StateGauges(snapshot, self.registry)
         else:
@@ -350,19 +321,43 @@ class Telemetry:
 # how a gauge's values from several workers combine (prometheus_client's names)
 CombineMode = Literal["livesum", "livemax", "livemin"]
 
-# key in the snapshot's backend entry -> (metric, help, how workers combine)
-PER_BACKEND: dict[str, tuple[str, str, CombineMode]] = {
-    "limit": ("sluice_backend_limit", "Adaptive concurrency limit", "livesum"),
-    "inflight": ("sluice_backend_inflight", "Requests in flight", "livesum"),
-    "kv_usage": ("sluice_backend_kv_usage", "KV-cache usage the backend reports, 0..1", "livemax"),
-    "waiting": ("sluice_backend_waiting", "Requests waiting inside the backend", "livemax"),
-    "healthy": ("sluice_backend_healthy", "1 if the backend is in service", "livemin"),
-    "metrics_fresh": (
+
+class BackendGauge(NamedTuple):
+    """A gauge per backend, read from its entry in the controller's snapshot."""
+
+    metric: str
+    help: str
+    combine: CombineMode  # how workers' values combine
+    value: Callable[[BackendSnapshot], float | None]  # None: no sample
+
+
+PER_BACKEND: tuple[BackendGauge, ...] = (
+    BackendGauge(
+        "sluice_backend_limit", "Adaptive concurrency limit", "livesum", lambda b: b.limit
+    ),
+    BackendGauge("sluice_backend_inflight", "Requests in flight", "livesum", lambda b: b.inflight),
+    BackendGauge(
+        "sluice_backend_kv_usage",
+        "KV-cache usage the backend reports, 0..1",
+        "livemax",
+        lambda b: b.kv_usage,
+    ),
+    BackendGauge(
+        "sluice_backend_waiting",
+        "Requests waiting inside the backend",
+        "livemax",
+        lambda b: b.waiting,
+    ),
+    BackendGauge(
+        "sluice_backend_healthy", "1 if the backend is in service", "livemin", lambda b: b.healthy
+    ),
+    BackendGauge(
         "sluice_backend_metrics_fresh",
         "1 if the backend's metrics are fresh (else latency-only control)",
         "livemin",
+        lambda b: b.metrics_fresh,
     ),
-}
+)
 
 
 SIGNAL_METRIC = (
@@ -371,19 +366,20 @@ SIGNAL_METRIC = (
 )
 
 
-def _signal_samples(s: dict[str, Any]) -> Iterator[tuple[tuple[str, str, str], float]]:
+def _signal_samples(s: ControllerSnapshot) -> Iterator[tuple[tuple[str, str, str], float]]:
     """((backend, engine, signal), 1 or 0) for every backend whose engine is known."""
-    for name, b in s["backends"].items():
-        signals = b.get("signals")
-        if signals:
-            for signal, has in signals.items():
-                yield (name, b.get("engine") or "", signal), 1.0 if has else 0.0
+    for name, b in s.backends.items():
+        if b.signals:
+            for signal, has in b.signals.items():
+                yield (name, b.engine or "", signal), 1.0 if has else 0.0
 
 
 class _StateGauges:
     """Multiprocess mode: the state gauges as real gauges, set from the snapshot."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> None:
+    def __init__(
+        self, snapshot: Callable[[], ControllerSnapshot], registry: CollectorRegistry
+    ) -> None:
         self._snapshot = snapshot
         self.pressure = Gauge(
             "sluice_pressure",
@@ -405,10 +401,11 @@ class _StateGauges:
             registry=registry,
             multiprocess_mode="livemax",
         )
-        self.backend = {
-            key: Gauge(name, doc, ["backend"], registry=registry, multiprocess_mode=mode)
-            for key, (name, doc, mode) in PER_BACKEND.items()
-        }
+        self.backend: list[tuple[Callable[[BackendSnapshot], float | None], Gauge]] = []
+        for g in PER_BACKEND:
+            mode = g.combine
+            gauge = Gauge(g.metric, g.help, ["backend"], registry=registry, multiprocess_mode=mode)
+            self.backend.append((g.value, gauge))
         self.signal = Gauge(
             *SIGNAL_METRIC,
             ["backend", "engine", "signal"],
@@ -419,20 +416,20 @@ class _StateGauges:
 
     def publish(self) -> None:
         s = self._snapshot()
-        self.pressure.set(float(s["pressure"]))
-        for cls, c in s["classes"].items():
+        self.pressure.set(float(s.pressure))
+        for cls, c in s.classes.items():
             prio = cls.removeprefix("P")
-            self.depth.labels(prio).set(float(c["queued"]))
-            self.oldest.labels(prio).set(float(c["head_sojourn_s"]))
-        seen = set(s["backends"])
+            self.depth.labels(prio).set(float(c.queued))
+            self.oldest.labels(prio).set(float(c.head_sojourn_s))
+        seen = set(s.backends)
         for name in self._backends - seen:
             # a value file cannot forget a label set: a backend that left reads 0
-            for gauge in self.backend.values():
+            for _, gauge in self.backend:
                 gauge.labels(name).set(0.0)
         self._backends |= seen
-        for name, b in s["backends"].items():
-            for key, gauge in self.backend.items():
-                value = b.get(key)
+        for name, b in s.backends.items():
+            for read, gauge in self.backend:
+                value = read(b)
                 if value is not None:
                     gauge.labels(name).set(float(value))
         for labels, value in _signal_samples(s):
@@ -442,7 +439,7 @@ class _StateGauges:
 class _StateCollector(Collector):
     """Gauges read from the controller's snapshot at scrape time."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], ControllerSnapshot]) -> None:
         self._snapshot = snapshot
 
     def describe(self) -> list[Any]:
@@ -451,7 +448,7 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         s = self._snapshot()
         pressure = GaugeMetricFamily("sluice_pressure", "Overload pressure, 0..1")
-        pressure.add_metric([], float(s["pressure"]))
+        pressure.add_metric([], float(s.pressure))
         yield pressure
         depth = GaugeMetricFamily("sluice_queue_depth", "Requests queued", labels=["priority"])
         oldest = GaugeMetricFamily(
@@ -459,21 +456,21 @@ class _StateCollector(Collector):
             "Wait of the oldest queued request",
             labels=["priority"],
         )
-        for cls, c in s["classes"].items():
+        for cls, c in s.classes.items():
             prio = cls.removeprefix("P")
-            depth.add_metric([prio], float(c["queued"]))
-            oldest.add_metric([prio], float(c["head_sojourn_s"]))
+            depth.add_metric([prio], float(c.queued))
+            oldest.add_metric([prio], float(c.head_sojourn_s))
         yield depth
         yield oldest
-        families = {
-            k: GaugeMetricFamily(n, h, labels=["backend"]) for k, (n, h, _) in PER_BACKEND.items()
-        }
-        for name, b in s["backends"].items():
-            for key, fam in families.items():
-                value = b.get(key)
+        families = [
+            (g.value, GaugeMetricFamily(g.metric, g.help, labels=["backend"])) for g in PER_BACKEND
+        ]
+        for name, b in s.backends.items():
+            for read, fam in families:
+                value = read(b)
                 if value is not None:
                     fam.add_metric([name], float(value))
-        yield from families.values()
+        yield from (fam for _, fam in families)
         signal = GaugeMetricFamily(*SIGNAL_METRIC, labels=["backend", "engine", "signal"])
         for labels, value in _signal_samples(s):
             signal.add_metric(list(labels), value)

@@ -6,7 +6,8 @@ sleeps, so each model is unit-tested with exact values.
 A model answers `arrive` at once (refused, with the HTTP status and Retry-After the peer
 sends, or accepted), and hands accepted requests to a backend through `step` (at once, or
 later when it queues them), as the gateway drives `Controller.step`. `snapshot()` has
-the shape the harness samples (`backends.NAME.limit`, `pressure`)."""
+the fields of `Controller.snapshot()` the harness samples (`backends[NAME].limit`,
+`pressure`)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,22 @@ class PeerStep(NamedTuple):
     assignments: list[Assignment]
     rejections: list[PeerRejection]
     wake_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerBackend:
+    limit: float  # inf: no cap
+    inflight: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSnapshot:
+    """The fields of `ControllerSnapshot` the harness samples (`pressure`,
+    `backends[name].limit`), and the requests queued per class P0..P2."""
+
+    pressure: float
+    queued: list[int]
+    backends: dict[str, PeerBackend]
 
 
 class PeerGateway(ABC):
@@ -145,14 +162,12 @@ class PeerGateway(ABC):
         """Each backend's cap, as `Controller.limits`."""
         return {b: self.limit(b) for b in self.backends}
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "pressure": 0.0,
-            "queued": self.queued(),
-            "backends": {
-                b: {"limit": self.limit(b), "inflight": self.inflight[b]} for b in self.backends
-            },
-        }
+    def snapshot(self) -> PeerSnapshot:
+        return PeerSnapshot(
+            pressure=0.0,
+            queued=self.queued(),
+            backends={b: PeerBackend(self.limit(b), self.inflight[b]) for b in self.backends},
+        )
 
     # -- helpers -------------------------------------------------------------------------
 

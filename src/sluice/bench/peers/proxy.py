@@ -115,12 +115,12 @@ class PeerProxy:
 
     async def metrics(self, request: web.Request) -> web.Response:
         snap = self.gw.snapshot()
-        for name, b in snap["backends"].items():
-            self.g_limit.labels(name).set(b["limit"])
-            self.g_inflight.labels(name).set(b["inflight"])
-        for p, n in enumerate(snap.get("queued", [0, 0, 0])):
+        for name, b in snap.backends.items():
+            self.g_limit.labels(name).set(b.limit)
+            self.g_inflight.labels(name).set(b.inflight)
+        for p, n in enumerate(snap.queued):
             self.g_depth.labels(str(p)).set(n)
-        self.g_pressure.set(snap.get("pressure", 0.0))
+        self.g_pressure.set(snap.pressure)
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
     async def ready(self, request: web.Request) -> web.Response:

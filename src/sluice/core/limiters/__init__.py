@@ -7,8 +7,8 @@ from typing import Any
 from sluice.core.limiters.base import Limiter, LimiterBase, LimiterContext, request_rtt
 from sluice.core.limiters.fixed import FixedLimiter
 from sluice.core.limiters.gradient import GradientLimiter
-from sluice.core.limiters.slo import SloLimiter
-from sluice.core.limiters.sluice import SluiceLimiter
+from sluice.core.limiters.latency_feedback import SluiceLimiter
+from sluice.core.limiters.objective_steered import SloLimiter
 from sluice.core.limiters.vegas_seed import VegasSeedLimiter
 from sluice.core.settings import LimiterSettings
 
@@ -26,7 +26,8 @@ __all__ = [
     "request_rtt",
 ]
 
-# The policy's `limiter.algorithm` names -> their classes.
+# The policy's `limiter.algorithm` names -> their classes; each file is named for what its
+# algorithm does (`sluice`: latency_feedback.py, `slo`: objective_steered.py).
 ALGORITHMS: dict[str, type[LimiterBase]] = {
     "fixed": FixedLimiter,
     "vegas-seed": VegasSeedLimiter,

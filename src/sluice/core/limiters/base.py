@@ -17,8 +17,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, Self
+from typing import Any, Protocol, Self
 
+from sluice.core.kv_budget import SharedRoom
 from sluice.core.settings import LimiterSettings, Objective
 from sluice.core.types import BackendMetrics, Sample
 
@@ -37,22 +38,6 @@ class LimiterContext:
     # the footprint of the requests being admitted for its models (None: none yet)
     demand_footprint: Callable[[], float | None] | None = None
     classes_in_flight: Callable[[], Sequence[int]] | None = None  # its requests by priority
-
-
-class SharedRoom(NamedTuple):
-    """A backend shared with other gateway replicas, as the last fresh scrape showed it:
-    `room_tokens`, the most estimated KV tokens of ours in flight it has room for (ours
-    and the room the others leave; inf when it looked idle), `full_tokens` its whole
-    budget, `draw`, this scrape's uniform draw in [0, 1) (the dispatcher's overdraft:
-    a request past the remaining claim r goes when draw * cost < r, core/dispatcher.py),
-    and `footprint_tokens`, a typical request's (what the draws' spread is kept for)."""
-
-    draw: float
-    room_tokens: float
-    full_tokens: float
-    floor_tokens: float = 0.0
-    first_free: bool = False  # it looked idle and we know nothing of the fleet yet
-    footprint_tokens: float = 0.0  # 0: not known yet
 
 
 class Limiter(Protocol):

@@ -48,7 +48,7 @@ Control:
     and only while in-flight >= near_limit * usable_share * limit (usable_share = 1 -
     reserved.p0: what queued P1/P2 requests may fill): +1 per sample until the first cut
     (slow start: the limit can follow the arrivals), then +min(1, growth / sqrt(limit)).
-  * KV budget: when the backend reports its KV capacity (blocks x block size, or in tokens),
+  * KV budget (core/kv_budget.py, `KvBudget`): when the backend reports its KV capacity,
     in-flight estimated KV tokens may not exceed kv_budget_fraction of capacity (the
     dispatcher checks it per request), and the limit is also capped at budget / footprint,
     the footprint being the larger of the EWMA of the requests dispatched here and, when the
@@ -62,28 +62,10 @@ Control:
     last `tpot_floor_s` (the dispatcher checks it per request).
   * Engine cap: an engine that refuses requests beyond a number in flight (TGI's
     max_concurrent_requests, from its /info) caps the limit there.
-  * Shared backends (several gateway replicas, each with its own limiters): on each
-    fresh scrape the others' requests (running + waiting beyond our in-flight count) are
-    counted at our mean footprint, and at least as the usage that is not ours; we claim
-    our share of the room left within the budget: our part of the requests there, shrunk
-    toward our part of the fleet (`fleet_share`, set by the controller before each scrape
-    from core/fleet_share.py: our part of the requests the scrapes of all backends show,
-    about 1/R for R replicas) by `fleet_prior_requests` pseudo-requests, so replicas claim
-    it once between them, and an excess is handed back the same way. An idle backend is
-    claimed by fleet share: R replicas sending a burst's first requests into it take its
-    room once, not R times (a scrape shows the engine as of its last step, so none of
-    them sees the others before the next one). Held until the next scrape: a request of
-    ours that leaves frees its room to us at once, another replica's only when a scrape
-    shows it gone. A claim is a part of a backend, a request is whole: a replica's claim
-    is often less than one request (8 replicas on an engine of 10), so there is no
-    minimum of one request per replica (R replicas would hold R, past a small engine's
-    KV: `sluice bench fleet`'s preemptions); instead each fresh scrape draws u in [0, 1)
-    (`kv_shared`) and a request past the claim's remainder r goes when u * cost < r and
-    the room the scrape showed has it: with probability r / cost, so over the fleet the
-    claims add up to the room in expectation, with at most one request per replica past
-    its claim (the dispatcher, core/dispatcher.py). The limit in requests is then the
-    budget's over our footprint rounded up, not down (the budget decides). Without those
-    metrics the budget is the whole fraction; a lone gateway (share 1) has it all.
+  * Shared backends (several gateway replicas, each with its own limiters): the budget
+    is this replica's claim on the room the others leave, from each fresh scrape, and the
+    limit in requests the claim over our footprint rounded up (core/kv_budget.py has the
+    rule and docs/limiter.md why). A lone gateway (share 1) has the whole budget.
 """
 
 from __future__ import annotations
@@ -94,14 +76,11 @@ from collections.abc import Callable
 from typing import Any, Self
 
 from sluice.core.ewma import Ewma
-from sluice.core.limiters.base import LimiterBase, LimiterContext, SharedRoom
+from sluice.core.kv_budget import KvBudget, SharedRoom
+from sluice.core.limiters.base import LimiterBase, LimiterContext
 from sluice.core.limiters.windowed_min import WindowedMin
 from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Sample
-
-# The KV cap counts requests at their projected part of a footprint (on_kv_projection)
-# while those coming are no more than this much larger than those in flight.
-MIX_TOLERANCE = 1.25
 
 
 class SluiceLimiter(LimiterBase):
@@ -184,7 +163,6 @@ class SluiceLimiter(LimiterBase):
         self.kv_low = kv_low
         self.waiting_tolerance = waiting_tolerance
         self._waiting_before = False
-        self.kv_budget_fraction = kv_budget_fraction
         self.prefill_ttft_s = prefill_ttft_s
         self.cut_from_cap = cut_from_cap
         self.ttft_cut_needs_queue = ttft_cut_needs_queue
@@ -205,13 +183,14 @@ class SluiceLimiter(LimiterBase):
         self._prefill_per_token = WindowedMin(tpot_floor_s, 0.0, random.Random(f"{seed}/pf"))
         self._ttft = Ewma(ttft_alpha)  # of x = ttft / expected ttft
         self._tpot = Ewma(tpot_alpha)
-        self._footprint = Ewma(footprint_alpha)
-        # the in-flight requests' projected KV peak over the sum of their footprints
-        # (core/kv_projection.py; 1 when they would all end at once)
-        self._kv_ratio = 1.0
-        self._kv_mean: float | None = None  # of the footprints in flight, when projected
-        # the footprint of the requests being admitted for this backend (forward-looking)
-        self._demand = demand_footprint
+        # the KV budget and, on a shared backend, this replica's claim on it
+        self._kv = KvBudget(
+            kv_budget_fraction,
+            footprint_alpha=footprint_alpha,
+            fleet_prior_requests=fleet_prior_requests,
+            demand_footprint=demand_footprint,
+            seed=seed,
+        )
 
         self._limit = float(initial_limit)
         self._effective = initial_limit
@@ -219,21 +198,7 @@ class SluiceLimiter(LimiterBase):
         self._slow_start = True
         self._last_cut_at = -math.inf
         self._inflight = 0
-        self._kv_capacity: float | None = None
         self._kv_usage: float | None = None
-        # Estimated KV tokens this replica has in flight on the backend; the controller
-        # sets it before each on_metrics, so the scrape's usage can be split into ours
-        # and other replicas'.
-        self.own_kv_tokens = 0.0
-        # Our part of the fleet of gateways in front of this backend (1: alone); the
-        # controller sets it before each on_metrics (core/fleet_share.py).
-        self.fleet_share = 1.0
-        # ... and whether that share is a bare prior (no count, no scrape evidence yet)
-        self.fleet_fresh = False
-        self.fleet_prior_requests = fleet_prior_requests
-        self._kv_scrape_budget: float | None = None  # set by the last fresh scrape
-        self._shared: SharedRoom | None = None  # ... when other replicas use the backend
-        self._fleet_rng = random.Random(f"{seed}/fleet")
         self._hard = False  # the last scrape showed hard congestion
         # The last scrape showed the engine running all it was sent (nothing waiting) with
         # KV to spare: with `ttft_cut_needs_queue`, a slow first token is then its speed
@@ -253,12 +218,7 @@ class SluiceLimiter(LimiterBase):
 
     @property
     def kv_budget_tokens(self) -> float | None:
-        cap = self._kv_capacity
-        if cap is None:
-            return None
-        full = cap * self.kv_budget_fraction
-        shared = self._kv_scrape_budget
-        return full if shared is None else shared
+        return self._kv.tokens
 
     def prefill_target_s(self) -> float | None:
         """The backend TTFT the prefill bound keeps a request's wait under (None: none)."""
@@ -278,7 +238,7 @@ class SluiceLimiter(LimiterBase):
 
     @property
     def kv_shared(self) -> SharedRoom | None:
-        return None if self._kv_capacity is None else self._shared
+        return self._kv.shared
 
     @property
     def latency_limit(self) -> float:
@@ -323,9 +283,7 @@ class SluiceLimiter(LimiterBase):
         return tpot is None or tpot <= self.tpot_grow_below * self.tpot_target(now)
 
     def on_fleet(self, own_kv_tokens: float, share: float, share_fresh: bool) -> None:
-        self.own_kv_tokens = own_kv_tokens
-        self.fleet_share = share
-        self.fleet_fresh = share_fresh
+        self._kv.on_fleet(own_kv_tokens, share, share_fresh)
 
     def on_policy(self, context: LimiterContext) -> None:
         self.usable_share = context.usable_share
@@ -342,11 +300,11 @@ class SluiceLimiter(LimiterBase):
             "ttft_ratio_ewma": self._ttft.value,
             "tpot_base_s": self._tpot_base.peek(),
             "tpot_ewma_s": self._tpot.value,
-            "kv_capacity_tokens": self._kv_capacity,
+            "kv_capacity_tokens": self._kv.capacity,
             "kv_budget_tokens": self.kv_budget_tokens,
             "prefill_budget_tokens": self.prefill_budget_tokens,
-            "footprint_dispatched": self._footprint.value,
-            "footprint_admitted": None if self._demand is None else self._demand(),
+            "footprint_dispatched": self._kv.footprint_dispatched,
+            "footprint_admitted": None if self._kv.demand is None else self._kv.demand(),
         }
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
@@ -357,7 +315,7 @@ class SluiceLimiter(LimiterBase):
 
     def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
         self._inflight = inflight
-        self._footprint.update(float(footprint_tokens))
+        self._kv.on_dispatch(footprint_tokens)
         mix = self._mix.update(float(footprint_tokens))
         if self._floor_mix is None:
             self._floor_mix = mix
@@ -368,12 +326,13 @@ class SluiceLimiter(LimiterBase):
         ):
             self._tpot_floor = WindowedMin(self.tpot_floor_s, 0.0, self._floor_rng)
             self._floor_mix = mix
-        if self._kv_capacity is not None:
+        if self._kv.capacity is not None:
             self._recompute()
 
     def on_release(self, inflight: int, now: float) -> None:
         self._inflight = inflight
-        if self._demand is not None and self._kv_capacity is not None:
+        kv = self._kv
+        if kv.demand is not None and kv.capacity is not None:
             self._recompute()  # the admitted mix may have changed since the last event
 
     def on_sample(self, sample: Sample, now: float) -> None:
@@ -422,13 +381,9 @@ class SluiceLimiter(LimiterBase):
             self._maybe_grow(now)
 
     def on_metrics(self, m: BackendMetrics, now: float) -> None:
-        capacity = m.kv_capacity
-        if capacity:
-            self._kv_capacity = capacity
+        self._kv.on_metrics(m, self._inflight)
         self._kv_usage = m.kv_usage
         self._engine_cap = m.max_concurrency
-        shared = self._shared_room(m)
-        self._kv_scrape_budget, self._shared = (None, None) if shared is None else shared
         reason = ""
         # A request that arrived since the engine's last step shows as waiting until the
         # next one: normal at any load. Queueing is waiting seen on two scrapes in a row.
@@ -453,7 +408,7 @@ class SluiceLimiter(LimiterBase):
         # slow first token may be the other replicas' batch (`sluice bench fleet`: with
         # the rule there too, a preemption).
         self._engine_keeps_up = (
-            self._shared is None
+            self._kv.shared is None
             and m.waiting is not None
             and not waiting
             and not reason
@@ -465,60 +420,10 @@ class SluiceLimiter(LimiterBase):
             self._cut(now, None, reason)
         self._recompute()
 
-    def _shared_room(self, m: BackendMetrics) -> tuple[float, SharedRoom] | None:
-        """Our claim on the backend (the KV budget) and its room while other replicas may
-        use it too; None (the whole budget) for a lone gateway, or without metrics."""
-        cap = self._kv_capacity
-        share = self.fleet_share
-        if cap is None or m.kv_usage is None or m.running is None or share >= 1.0:
-            return None
-        n = self._inflight
-        on_backend = m.running + (m.waiting or 0.0)
-        own = self.own_kv_tokens
-        # The footprint of a request: ours in flight, those we sent lately, those being
-        # admitted; the largest (a replica holding one short request would count the
-        # others' at its size).
-        ahead = self._demand() if self._demand is not None else None
-        per_request = max(own / n if n else 0.0, self._footprint.value or 0.0, ahead or 0.0)
-        # Replicas that do not know of one another each take whole requests past their
-        # fractional claims (the dispatcher's overdraft): R independent draws of at most
-        # one request each, whose sum strays from the claims' by sqrt(R) / 2 requests (a
-        # standard deviation); that much of the budget is kept back.
-        margin = 0.5 * math.sqrt(1.0 / share) * per_request
-        full = max(0.0, cap * self.kv_budget_fraction - margin)
-        # The others' requests in footprints, as ours are counted (what they will hold
-        # by their end, waiting ones included): by count at a request's footprint, and
-        # at least the usage that is not ours.
-        others = max(0.0, (on_backend - n) * per_request, m.kv_usage * cap - own)
-        room = full - own - others
-        # Our part of the claim on the room (negative: of the excess to give back): our
-        # part of the requests there, shrunk toward our part of the fleet by
-        # `fleet_prior_requests` pseudo-requests. On a busy backend that is what we hold;
-        # on an idle one (or one with a few requests, whosever they are) it is our part
-        # of the fleet: R replicas that all start sending into it at once claim its room
-        # once, not R times. Over replicas whose fleet shares add up to 1 the shares add
-        # up to 1.
-        k = self.fleet_prior_requests
-        part = (min(float(n), on_backend) + k * share) / (on_backend + k)
-        claim = min(full, max(0.0, own + part * room))
-        # P0's floor: our part of the fleet of the whole budget. Claims follow
-        # holdings, so a replica that holds little (a replacement in a rolling update)
-        # claims little of a busy backend; its P0 requests still get its share of it
-        # (what it takes past the room the others leave, they give back at their next
-        # scrapes: the room there is negative).
-        floor = share * full
-        idle = on_backend <= 0 and m.kv_usage <= 0
-        room_tokens = math.inf if idle else own + room
-        first = idle and self.fleet_fresh
-        return claim, SharedRoom(
-            self._fleet_rng.random(), room_tokens, full, floor, first, per_request
-        )
-
     def on_metrics_stale(self, now: float) -> None:
         # Latency-only control: forget what the last scrape said (capacity is static).
         self._kv_usage = None
-        self._kv_scrape_budget = None
-        self._shared = None
+        self._kv.on_metrics_stale()
         self._hard = False
         self._engine_keeps_up = False
         self._preemptions_seen = None
@@ -564,34 +469,12 @@ class SluiceLimiter(LimiterBase):
         return self._tpot.value
 
     def on_kv_projection(self, ratio: float, mean_footprint: float | None) -> None:
-        ratio = min(1.0, max(0.0, ratio))
-        if ratio != self._kv_ratio or mean_footprint != self._kv_mean:
-            self._kv_ratio = ratio
-            self._kv_mean = mean_footprint
+        if self._kv.on_kv_projection(ratio, mean_footprint):
             self._recompute()
 
     def _recompute(self) -> None:
         eff = math.floor(self._limit)
-        budget = self.kv_budget_tokens
-        fp = self._footprint.value
-        if self._demand is not None:
-            ahead = self._demand()
-            if ahead is not None and (fp is None or ahead > fp):
-                fp = ahead
-        # A request counts at the part of its footprint the in-flight ones' joint peak
-        # gives them (their ends staggered: less than the whole), while the requests
-        # coming are like those in flight; larger ones (a new mix) start together.
-        ratio = 1.0
-        if fp and self._kv_mean and fp <= MIX_TOLERANCE * self._kv_mean:
-            ratio = self._kv_ratio
-        cap = math.inf
-        if budget is not None and fp:
-            # shared: rounded up, for the overdraft past a claim of part of a request
-            shared = self._shared
-            if shared is None:
-                cap = float(math.floor(budget / (fp * ratio)))
-            else:
-                cap = float(math.ceil(max(budget, shared.floor_tokens) / fp))
+        cap = self._kv.cap()
         if self._engine_cap:
             cap = min(cap, float(self._engine_cap))
         self._cap = cap

@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sluice.core.limiters.base import LimiterContext
-from sluice.core.limiters.sluice import SluiceLimiter
+from sluice.core.limiters.latency_feedback import SluiceLimiter
 from sluice.core.settings import Objective
 from sluice.core.types import Sample
 
