@@ -11,7 +11,7 @@ from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
 from sluice.core.limiters import SloLimiter
 from sluice.core.settings import Objective
-from sluice.core.types import BackendMetrics, RequestInfo, Sample
+from sluice.core.types import RequestInfo, Sample
 
 OBJECTIVES = {
     0: Objective(ttft=1.0, tpot=0.1),
@@ -284,22 +284,3 @@ def test_the_prefill_bound_aims_at_the_policys_tightest_ttft_whoever_is_served()
     assert lim.prefill_target_s() == pytest.approx(0.9 * 0.5 * 1.0)
     assert lim.prefill_budget_tokens == pytest.approx(0.45 / 4e-5 - 64)
     assert limiter(InFlight(), prefill_share=None).prefill_budget_tokens is None
-
-
-def test_a_slow_first_token_cuts_only_when_the_engine_queues() -> None:
-    # A CPU engine sharing its cores gives slow first tokens with nothing waiting and its
-    # KV mostly free: fewer requests would not make them faster, so no cut (the real-vLLM
-    # mixed flood held the limit at 1 on such cuts). Once the scrapes show a queue (waiting
-    # on two in a row), the same slow first token cuts.
-    lim = limiter(InFlight(p0=2, p1=10))
-    lim.on_dispatch(20, 100, 0.0)
-    ttft(lim, 0.05, 0.1)  # the base: 0.05 s for 500 tokens of prefill
-    lim.on_metrics(BackendMetrics(at=0.2, waiting=0, running=20, kv_usage=0.3), 0.2)
-    ttft(lim, 1.0, 1.0)  # 20 x the base
-    assert (lim.limit, lim.cuts) == (20, 0)
-    lim.on_metrics(BackendMetrics(at=1.1, waiting=3, running=20, kv_usage=0.3), 1.1)
-    lim.on_metrics(BackendMetrics(at=1.35, waiting=3, running=20, kv_usage=0.3), 1.35)
-    cuts = lim.cuts  # the queue on two scrapes in a row is a cut of its own
-    assert cuts == 1
-    ttft(lim, 1.0, 2.5)  # sent at 1.5, after that cut
-    assert lim.cuts == cuts + 1 and lim.last_cut_reason == "ttft"

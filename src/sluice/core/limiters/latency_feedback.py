@@ -135,7 +135,6 @@ class SluiceLimiter(LimiterBase):
         demand_footprint: Callable[[], float | None] | None = None,
         prefill_ttft_s: float | None = None,
         cut_from_cap: bool = False,
-        ttft_cut_needs_queue: bool = False,
         seed: int | str = 0,
     ) -> None:
         if not 1 <= min_limit <= initial_limit <= max_limit:
@@ -165,7 +164,6 @@ class SluiceLimiter(LimiterBase):
         self._waiting_before = False
         self.prefill_ttft_s = prefill_ttft_s
         self.cut_from_cap = cut_from_cap
-        self.ttft_cut_needs_queue = ttft_cut_needs_queue
 
         rng = random.Random(seed)
         self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
@@ -200,10 +198,6 @@ class SluiceLimiter(LimiterBase):
         self._inflight = 0
         self._kv_usage: float | None = None
         self._hard = False  # the last scrape showed hard congestion
-        # The last scrape showed the engine running all it was sent (nothing waiting) with
-        # KV to spare: with `ttft_cut_needs_queue`, a slow first token is then its speed
-        # (a CPU engine sharing its cores), not a queue fewer requests would shorten.
-        self._engine_keeps_up = False
         self._preemptions_seen: float | None = None
         self._engine_cap: int | None = None  # requests the engine accepts at once
         self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
@@ -340,8 +334,7 @@ class SluiceLimiter(LimiterBase):
             self._cut(now, sample.sent_at, "drop")
             return
         if sample.pending:
-            if not (self.ttft_cut_needs_queue and self._engine_keeps_up):
-                self._cut(now, sample.sent_at, "ttft-pending")
+            self._cut(now, sample.sent_at, "ttft-pending")
             return
         if sample.e2e_s is None:
             if sample.ttft_s is not None:
@@ -375,8 +368,7 @@ class SluiceLimiter(LimiterBase):
         expected = self._expected(work, base)
         short = self._ttft.update(ttft / expected)
         if short > self.ttft_jump:
-            if not (self.ttft_cut_needs_queue and self._engine_keeps_up):
-                self._cut(now, sample.sent_at, "ttft")
+            self._cut(now, sample.sent_at, "ttft")
         elif short <= self.ttft_grow_below:
             self._maybe_grow(now)
 
@@ -404,16 +396,6 @@ class SluiceLimiter(LimiterBase):
                 reason = "preemption"
             self._preemptions_seen = m.preemptions_total
         self._waiting_before = waiting
-        # Alone on the backend only: shared, the requests it runs are not all ours, and a
-        # slow first token may be the other replicas' batch (`sluice bench fleet`: with
-        # the rule there too, a preemption).
-        self._engine_keeps_up = (
-            self._kv.shared is None
-            and m.waiting is not None
-            and not waiting
-            and not reason
-            and (m.kv_usage is None or m.kv_usage < self.kv_low)
-        )
         # A single waiting scrape does not cut, but it is no time to grow either.
         self._hard = bool(reason) or waiting
         if reason and self._inflight <= self._effective:
@@ -425,7 +407,6 @@ class SluiceLimiter(LimiterBase):
         self._kv_usage = None
         self._kv.on_metrics_stale()
         self._hard = False
-        self._engine_keeps_up = False
         self._preemptions_seen = None
 
     # -- control ---------------------------------------------------------------------

@@ -90,7 +90,6 @@ class SloLimiter(SluiceLimiter):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("cut_from_cap", True)
-        kwargs.setdefault("ttft_cut_needs_queue", True)
         super().__init__(min_limit, max_limit, initial_limit, **kwargs)
         if not 0 <= tail_margin < 1:
             raise ValueError("tail_margin must be in [0, 1)")
