@@ -1,4 +1,5 @@
-"""`sluice`: Sluice's default limiter (docs/limiter.md explains the design and why).
+"""`sluice`: the latency-feedback rules `slo` (the default) builds on, with a fixed TPOT target
+(docs/limiter.md explains the design and why).
 
 Signals, from fastest to slowest:
   * TTFT of each request at its first token, against what the backend's current state
