@@ -131,6 +131,49 @@ def test_prefill_ahead_and_the_step_time_are_not_congestion() -> None:
     assert lim.cuts == 0
 
 
+def test_a_host_slow_with_nothing_of_ours_on_it_is_not_queueing() -> None:
+    """The real CPU vLLM beside a pooling engine answered first tokens 3-12x its windowed
+    best with nothing else of ours on it: the first-token signals are judged against what
+    the host gives a request alone (host_factor), not against the lucky best."""
+    lim = limiter()
+    lim.on_dispatch(1, 100, 0.0)
+
+    def first_token(seconds: float, now: float, inflight: int = 1) -> None:
+        sample = Sample(
+            ttft_s=seconds, prompt_tokens=PROMPT, sent_at=now - seconds, inflight=inflight
+        )
+        lim.on_sample(sample, now)
+
+    first_token(0.05, 0.1)  # the best: base 1e-4, 0.05 s expected
+    assert lim.host_factor(0.1) == 1.0
+    first_token(0.225, 0.5)  # x = 4.5 alone: without the factor, 4.5 > 3 would cut
+    assert lim.host_factor(0.5) == pytest.approx(4.5 / 1.5)
+    assert lim.cuts == 0
+    # beside requests of ours the first token says nothing of the host alone
+    first_token(0.25, 1.0, inflight=6)  # x = 5: EWMA 4.75, under 3 x 3 = 9
+    assert lim.cuts == 0 and lim.host_factor(1.0) == pytest.approx(4.5 / 1.5)
+    # the pending alarm waits the same factor longer: 4 x 0.05 x 3
+    assert lim.ttft_alarm_after(PROMPT) == pytest.approx(0.6)
+    # well past the host's own slowness is queueing: x = 20, EWMA > 9
+    first_token(1.0, 2.0, inflight=6)
+    assert lim.cuts == 1 and lim.last_cut_reason == "ttft"
+
+
+def test_slow_first_tokens_beside_our_own_requests_are_queueing() -> None:
+    lim = limiter()
+    lim.on_dispatch(20, 100, 0.0)
+    lim.on_sample(Sample(ttft_s=0.05, prompt_tokens=PROMPT, sent_at=0.0, inflight=1), 0.05)
+    for i in range(8):
+        now = 0.3 + 0.01 * i
+        lim.on_sample(Sample(ttft_s=0.2, prompt_tokens=PROMPT, sent_at=now - 0.2, inflight=20), now)
+    assert lim.host_factor(0.4) == 1.0  # x = 4 with 20 of ours in flight: a cut
+    assert lim.cut_reasons == {"ttft": 1}
+    # a lone first token sets the host factor; after tpot_floor_s (300 s) it is forgotten
+    lim.on_sample(Sample(ttft_s=0.2, prompt_tokens=PROMPT, sent_at=0.5, inflight=1), 0.7)
+    assert lim.host_factor(0.7) == pytest.approx(4.0 / 1.5)
+    assert lim.host_factor(0.7 + 300.1) == 1.0
+
+
 def test_a_moderate_ttft_rise_neither_cuts_nor_grows() -> None:
     lim = limiter()
     lim.on_dispatch(20, 100, 0.0)

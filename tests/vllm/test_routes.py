@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
@@ -292,6 +293,42 @@ def _report(label: str, results: list[dict[str, Any]]) -> dict[str, float]:
     return attainment
 
 
+async def _watch_limits(url: str) -> None:
+    """Print each backend's limit, in flight and latest cut reason once a second."""
+    headers = {"Authorization": "Bearer sk-demo-admin"}
+    async with aiohttp.ClientSession() as s:
+        while True:
+            async with s.get(url + "/admin/state", headers=headers) as r:
+                state = await r.json()
+            line = []
+            for name, b in state["controller"]["backends"].items():
+                lim = b.get("limiter") or {}
+                line.append(
+                    f"{name} {b['inflight']}/{b['limit']} kv {b['kv_usage']} w {b['waiting']}"
+                    f" ({lim.get('cuts')} cuts, last {lim.get('last_cut_reason')};"
+                    f" x {lim.get('ttft_ratio_ewma') or 0:.2f},"
+                    f" host {lim.get('host_factor') or 0:.2f},"
+                    f" P0 TTFT p95 {lim.get('ttft_p95_s')} / {lim.get('ttft_target_s')})"
+                )
+            print("  limits: " + "; ".join(line))
+            await asyncio.sleep(1.0)
+
+
+def _print_limiters(url: str) -> None:
+    """Print each backend's limit and its limiter's cuts by reason (why P0 waited, if it did)."""
+    state = httpx.get(
+        url + "/admin/state", headers={"Authorization": "Bearer sk-demo-admin"}, timeout=10
+    ).json()
+    for name, b in state["controller"]["backends"].items():
+        lim = b.get("limiter") or {}
+        print(
+            f"  {name}: limit {b.get('limit')}, in flight {b.get('inflight')},"
+            f" latency limit {lim.get('latency_limit')}, cuts {lim.get('cut_reasons')},"
+            f" x EWMA {lim.get('ttft_ratio_ewma')}, host factor {lim.get('host_factor')},"
+            f" TTFT target {lim.get('ttft_target_s')}, TPOT p95 {lim.get('tpot_p95_s')}"
+        )
+
+
 @pytest.mark.timeout(360, func_only=True)  # two floods, each drained (the suite's 120 s is one)
 async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
     vllm: VllmServer, vllm_pooling: VllmServer
@@ -315,7 +352,10 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
                     assert r.status == 200, await r.text()
                     await r.read()  # the whole stream: its usage
         before = vllm.metrics()["vllm:num_preemptions_total"]
+        watch = asyncio.create_task(_watch_limits(gw.url))
         results = await _flood(dict.fromkeys(straight, gw.url), vllm.model, vllm_pooling.model)
+        watch.cancel()
+        _print_limiters(gw.url)
     finally:
         gw.stop()
     preemptions = vllm.metrics()["vllm:num_preemptions_total"] - before

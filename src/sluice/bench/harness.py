@@ -50,7 +50,7 @@ from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.engine_view import EngineView
 from sluice.bench.fleet import Balancer, FleetSpec, ReplicaClock
 from sluice.bench.fleet_quotas import FleetQuotas
-from sluice.bench.noise import Jitter
+from sluice.bench.noise import ComputeNoise, Jitter
 from sluice.bench.returns import CANNOT_SERVE_IN_TIME, note_refusal
 from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
@@ -363,6 +363,11 @@ class _Run:
         self.engines = [Engine(profile, seed=seed + i) for i in range(n)]
         self.jitter = jitter
         self.jitter_rng = [jitter.sampler(seed, i) for i in range(n)] if jitter else []
+        noise = scenario.spec.backends.compute_noise
+        self.compute_noise = ComputeNoise(noise.p50, noise.p99) if noise else None
+        self.compute_rng = [
+            self.compute_noise.sampler(seed, i) for i in range(n) if self.compute_noise
+        ]
         self.delivered_until = [0.0] * n  # deliveries of a backend stay in order
         self.engine_kind = engine
         self.views = [EngineView(engine, e) for e in self.engines] if engine else None
@@ -939,7 +944,8 @@ class _Run:
 
     def _start_step(self, t: float, b: int) -> None:
         engine = self.engines[b]
-        result = engine.step(t)
+        noise = self.compute_noise
+        result = engine.step(t, noise.draw(self.compute_rng[b]) if noise else 1.0)
         waiting = engine.num_waiting
         running = engine.num_running
         if running > self.peak_running[b]:

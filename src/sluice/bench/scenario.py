@@ -157,6 +157,19 @@ DEFAULT_TENANTS: tuple[TenantSpec, ...] = (
 )
 
 
+class NoiseSpec(_Model):
+    """A lognormal factor by its median and 99th percentile (`bench.noise.ComputeNoise`)."""
+
+    p50: float = Field(ge=1)
+    p99: float = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NoiseSpec:
+        if self.p99 < self.p50:
+            raise ValueError("p99 must be at least p50")
+        return self
+
+
 class BackendSpec(_Model):
     count: int = Field(default=2, ge=1, le=1024)
     profile: str = "h100-llama3-8b"
@@ -165,6 +178,9 @@ class BackendSpec(_Model):
     # The engines run this many times faster than the profile (real mode: < 1 slows the
     # simulators down so that the machine's CPU keeps up).
     speed: float = Field(default=1.0, gt=0)
+    # The host's other work (`bench.noise.ComputeNoise`): each step's work, its fixed
+    # overhead aside, stretched by a lognormal factor of this median and 99th percentile.
+    compute_noise: NoiseSpec | None = None
 
     def build_profile(self) -> Profile:
         base = get_profile(self.profile)

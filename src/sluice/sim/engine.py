@@ -308,7 +308,10 @@ class Engine:
 
     # -- the step -------------------------------------------------------------------
 
-    def step(self, now: float) -> StepResult:
+    def step(self, now: float, compute_factor: float = 1.0) -> StepResult:
+        """One step starting at `now`. `compute_factor` stretches the step's work (not its
+        fixed overhead): a host whose other work takes the engine's cores for part of the
+        step (the bench's `computeNoise`)."""
         finished: list[RequestStats] = []
         if self._pending_aborts:
             self._process_aborts(now, finished)
@@ -391,9 +394,8 @@ class Engine:
         p = self.profile
         duration = (
             p.step_overhead_s
-            + p.per_token_s * tokens
-            + p.per_kv_token_s * context
-            + p.per_attn_pair_s * pairs
+            + compute_factor
+            * (p.per_token_s * tokens + p.per_kv_token_s * context + p.per_attn_pair_s * pairs)
             if scheduled
             else 0.0
         )

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -136,6 +137,7 @@ class SluiceLimiter(LimiterBase):
         demand_footprint: Callable[[], float | None] | None = None,
         prefill_ttft_s: float | None = None,
         cut_from_cap: bool = False,
+        lone_window: int = 8,
         seed: int | str = 0,
     ) -> None:
         if not 1 <= min_limit <= initial_limit <= max_limit:
@@ -165,6 +167,10 @@ class SluiceLimiter(LimiterBase):
         self._waiting_before = False
         self.prefill_ttft_s = prefill_ttft_s
         self.cut_from_cap = cut_from_cap
+        # x of the last first tokens of requests that had the backend to themselves (sent
+        # alone, nothing ahead), with their times: what the host does with no load of ours
+        self._lone: deque[tuple[float, float]] = deque(maxlen=lone_window)
+        self._now_seen = 0.0  # the last event's time (the alarm is asked without one)
 
         rng = random.Random(seed)
         self._ttft_base = WindowedMin(probe_interval_s, probe_jitter, rng)
@@ -260,6 +266,19 @@ class SluiceLimiter(LimiterBase):
         step = self._tpot.value or 0.0
         return self.step_wait * step + base * (prefill_tokens + self.prompt_fixed_tokens)
 
+    def host_factor(self, now: float) -> float:
+        """How much slower than the windowed best the host makes a first token with none of
+        our load on it: the median x of the last `lone_window` first tokens of requests
+        that were alone on the backend (within `tpot_floor_s`), over `ttft_grow_below` (the
+        spread of x without queueing), at least 1. An engine sharing its cores with other
+        work (a CPU engine beside a pooling engine, the gateway and its clients) answers a
+        lone request 3-12x slower than its best; fewer requests cannot shorten that, so
+        the first-token signals are judged against it."""
+        xs = sorted(x for t, x in self._lone if now - t <= self.tpot_floor_s)
+        if not xs:
+            return 1.0
+        return max(1.0, xs[len(xs) // 2] / self.ttft_grow_below)
+
     def tpot_target(self, now: float) -> float:
         """TPOT above which the limit is cut."""
         base = self._tpot_base.value(now)
@@ -293,6 +312,7 @@ class SluiceLimiter(LimiterBase):
             "cut_reasons": dict(self.cut_reasons),
             "ttft_base_s_per_token": self._ttft_base.peek(),
             "ttft_ratio_ewma": self._ttft.value,
+            "host_factor": self.host_factor(self._now_seen),
             "tpot_base_s": self._tpot_base.peek(),
             "tpot_ewma_s": self._tpot.value,
             "kv_capacity_tokens": self._kv.capacity,
@@ -304,12 +324,15 @@ class SluiceLimiter(LimiterBase):
 
     def ttft_alarm_after(self, prefill_tokens: float) -> float | None:
         expected = self.expected_ttft(prefill_tokens)
-        return None if expected is None else self.ttft_alarm_ratio * expected
+        if expected is None:
+            return None
+        return self.ttft_alarm_ratio * expected * self.host_factor(self._now_seen)
 
     # -- inputs ----------------------------------------------------------------------
 
     def on_dispatch(self, inflight: int, footprint_tokens: int, now: float) -> None:
         self._inflight = inflight
+        self._now_seen = now
         self._kv.on_dispatch(footprint_tokens)
         mix = self._mix.update(float(footprint_tokens))
         if self._floor_mix is None:
@@ -331,6 +354,7 @@ class SluiceLimiter(LimiterBase):
             self._recompute()  # the admitted mix may have changed since the last event
 
     def on_sample(self, sample: Sample, now: float) -> None:
+        self._now_seen = now
         if sample.dropped:
             self._cut(now, sample.sent_at, "drop")
             return
@@ -367,10 +391,14 @@ class SluiceLimiter(LimiterBase):
         if not base:
             return
         expected = self._expected(work, base)
-        short = self._ttft.update(ttft / expected)
-        if short > self.ttft_jump:
+        x = ttft / expected
+        if sample.inflight == 1 and sample.prefill_ahead <= 0:  # alone (0: not known)
+            self._lone.append((now, x))
+        short = self._ttft.update(x)
+        host = self.host_factor(now)
+        if short > self.ttft_jump * host:
             self._cut(now, sample.sent_at, "ttft")
-        elif short <= self.ttft_grow_below:
+        elif short <= self.ttft_grow_below * host:
             self._maybe_grow(now)
 
     def on_metrics(self, m: BackendMetrics, now: float) -> None:

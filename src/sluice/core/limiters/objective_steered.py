@@ -308,6 +308,7 @@ class SloLimiter(SluiceLimiter):
                 "tpot_objective_s": self.tpot_objective(now),
                 "mean_target_s": self.mean_target(now),
                 "ttft_target_s": (t := self.ttft_target(now)) and t[0],
+                "ttft_p95_s": t and self.ttft_p95(t[1]),
                 "budget_bounds_s": {f"P{p}": self.budget_bound(p) for p in range(3)},
                 "serving": self.serving(now),
             }
