@@ -58,6 +58,7 @@ def ttft(lim: SloLimiter, seconds: float, now: float) -> None:
 def test_the_target_is_the_tightest_objective_being_served_less_the_margin() -> None:
     flight = InFlight(p0=1, p2=5)
     lim = limiter(flight)
+    lim.on_dispatch(6, 100, 0.0)  # the events record what is in flight
     assert lim.tpot_objective(0.0) == 0.1
     assert lim.tpot_target(0.0) == pytest.approx(0.09)  # (1 - 0.1) x 100 ms
     # P0 leaves: still served for the hold (10 s), then only lenient classes remain:
@@ -284,3 +285,18 @@ def test_the_prefill_bound_aims_at_the_policys_tightest_ttft_whoever_is_served()
     assert lim.prefill_target_s() == pytest.approx(0.9 * 0.5 * 1.0)
     assert lim.prefill_budget_tokens == pytest.approx(0.45 / 4e-5 - 64)
     assert limiter(InFlight(), prefill_share=None).prefill_budget_tokens is None
+
+
+def test_reading_the_snapshot_changes_nothing_the_next_decision_sees() -> None:
+    """describe() (the /admin/state snapshot) reads the classes being served; it must not
+    record them, or an operator polling the state would keep a class 'served' longer."""
+    flight = InFlight(p0=1)
+    lim = limiter(flight)
+    lim.on_dispatch(1, 100, 0.0)
+    flight.counts = [0, 0, 0]
+    lim.on_release(0, 1.0)  # P0 left at 1.0: its last record is 0.0
+    flight.counts = [1, 0, 0]  # another P0 in flight, not yet seen by an event
+    lim.describe()
+    flight.counts = [0, 0, 0]
+    assert lim.serving(10.5) == []  # 10 s after 0.0, not after the describe
+    assert lim.tpot_objective(10.5) == pytest.approx(0.2)

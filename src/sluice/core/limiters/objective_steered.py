@@ -130,9 +130,16 @@ class SloLimiter(SluiceLimiter):
                 self._last_served[prio] = now
 
     def serving(self, now: float) -> list[int]:
-        """The classes this backend is serving (in flight, or within the hold)."""
-        self._note_classes(now)
-        return sorted(p for p, t in self._last_served.items() if now - t <= self.serving_hold_s)
+        """The classes this backend is serving (in flight, or within the hold). Reads only:
+        the events record what was in flight (`_note_classes`), so that reading the
+        snapshot (`describe`) changes nothing the next decision sees."""
+        live = self._classes() if self._classes is not None else ()
+        return sorted(
+            p
+            for p in range(3)
+            if (p < len(live) and live[p] > 0)
+            or now - self._last_served.get(p, -math.inf) <= self.serving_hold_s
+        )
 
     def budget_bound(self, prio: int) -> float | None:
         """The mean TPOT the class's long answers can take within its time budget:
@@ -242,6 +249,7 @@ class SloLimiter(SluiceLimiter):
     # -- the hooks SluiceLimiter calls --------------------------------------------------
 
     def on_sample(self, sample: Sample, now: float) -> None:
+        self._note_classes(now)
         prio = sample.priority
         if prio in self._lengths and not sample.dropped and not sample.pending:
             first = sample.e2e_s is None
