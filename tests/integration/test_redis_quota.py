@@ -14,18 +14,23 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
 from conftest import SimFactory
 from gateway_proc import GatewayProcess, start_gateway
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_proc import REDIS_SERVER, RedisServer
 
+from sluice.config import parse_policy
 from sluice.core.clock import MonotonicClock
+from sluice.core.controller import Controller
 from sluice.core.quota import InProcessQuotas
 from sluice.core.settings import TenantLimits
-from sluice.gateway.shared_quota import SharedQuotaGate, tenant_keys
+from sluice.core.types import Outcome, RequestInfo
+from sluice.gateway.shared_quota import SharedQuotaGate, hand_back_key, tenant_keys
 
 pytestmark = [
     pytest.mark.integration,
@@ -138,7 +143,8 @@ async def test_a_debt_is_never_forgiven_and_the_hand_back_has_no_floor(
 
     try:
         # a hand-back of 1,500 tokens to a full bucket of 600: -900, not -600
-        await a._resume(keys=(rate,), args=(0, 600, 0, 1500, -1, -1))
+        record = hand_back_key("tpm", a.process, 1)
+        await a._resume(keys=(rate, record), args=(0, 600, 0, 1500, -1, -1, 1, 60))
         assert level() == pytest.approx(-900, abs=1)  # (10 tokens a second refill)
         # 10 tokens back: -890, not lifted to -600
         await a._finish(keys=(rate, conc), args=(0, 600, 0, 10, 0, a.process))
@@ -194,6 +200,98 @@ async def test_parts_of_the_demand_add_up_and_a_restarted_redis_gets_its_levels_
     finally:
         await a.stop()
         await b.stop()
+
+
+# -- the hand-back: once, and what ends after it -------------------------------------------
+
+HB_POLICY = """
+tenants: [{name: tpm, apiKeys: [sk-tpm], priority: 0, tokensPerMinute: 6000}]
+limiter: {algorithm: fixed, fixedLimit: 4}
+"""
+
+
+def _level(server: RedisServer, tenant: str) -> float:
+    client = server.client()
+    try:
+        return float(client.hget(tenant_keys(tenant)[0], "tl") or 6000)
+    finally:
+        client.close()
+
+
+def _local_controller(gate: SharedQuotaGate) -> Controller:
+    """A Controller whose quotas are the gate's, Redis lost (as a refused call leaves it)."""
+    settings = parse_policy(HB_POLICY).core_settings()
+    controller = Controller(settings, gate._clock, ["b0"], quotas=gate.controller_quotas)
+    gate.controller_quotas.set_processes(1, 0.0)  # alone: the whole quota is its share
+    gate.circuit.failure(timeout=False)
+    gate._went_local("connection", None)
+    assert gate.mode == "local"
+    return controller
+
+
+async def test_a_hand_back_whose_answer_is_lost_is_charged_once(
+    redis_server: RedisServer,
+) -> None:
+    """The hand-back reaches Redis and is applied, but its answer is lost (a timeout
+    after the script ran): the next probe sends it again. Before, Redis charged the
+    outage twice (6000 - 2 x 300 = 5,400 left, not 5,700)."""
+    a = _gate(redis_server.url, TenantLimits(name="tpm", tokens_per_minute=6000))
+    c = _local_controller(a)
+    resume = a._resume
+    lost = [True]
+
+    async def answer_lost(**kw: Any) -> Any:
+        answer = await resume(**kw)  # applied in Redis...
+        if lost[0]:
+            lost[0] = False
+            raise RedisTimeoutError("Timeout reading from socket")  # ...answer lost
+        return answer
+
+    a._resume = answer_lost
+    try:
+        assert c.arrive(RequestInfo("r1", "tpm", 0, "m", 200, 200)).admitted
+        charged = c._records["r1"].quota_tokens
+        await a._probe()
+        assert a.mode == "local" and not lost[0]  # the answer was lost: still local
+        await a._probe()
+        assert a.mode == "redis"
+        started = time.monotonic()
+        level = _level(redis_server, "tpm")
+        assert 6000 - charged - 1 <= level <= 6000 - charged + 100 * (time.monotonic() - started)
+    finally:
+        await a.stop()
+
+
+async def test_what_ends_after_the_hand_back_still_reaches_redis_once(
+    redis_server: RedisServer,
+) -> None:
+    """Requests admitted locally while Redis was lost end after the hand-back: one used
+    1,400 tokens (its estimate: 300), the backend failed the other (nothing billed: its
+    300 back). Before, neither reached Redis: it kept the 600 charged, not the 1,400
+    used."""
+    a = _gate(redis_server.url, TenantLimits(name="tpm", tokens_per_minute=6000))
+    c = _local_controller(a)
+    try:
+        for rid in ("used", "cancelled"):
+            assert c.arrive(RequestInfo(rid, "tpm", 0, "m", 200, 200)).admitted
+        charged = c._records["used"].quota_tokens
+        c.step()  # both dispatched
+        await a._probe()
+        assert a.mode == "redis"
+        assert _level(redis_server, "tpm") == pytest.approx(6000 - 2 * charged, abs=60)
+        await a.start()  # its background loop sends what ends from now on
+        c.on_finish("used", Outcome.OK, 200, 1200)
+        c.on_finish("cancelled", Outcome.ERROR)  # the backend failed it: nothing billed
+        deadline = time.monotonic() + 3.0
+        while _level(redis_server, "tpm") > 6000 - 2 * charged - 500:
+            assert time.monotonic() < deadline, "the late settle never reached Redis"
+            await asyncio.sleep(0.05)
+        await a.stop()
+        await asyncio.sleep(0.2)
+        # 6000 - 1,400 used (+ 100 a second refilled): not charged twice by the exit
+        assert _level(redis_server, "tpm") == pytest.approx(4600, abs=400)
+    finally:
+        await a.stop()
 
 
 # -- the must-show: two real gateways, one Redis --------------------------------------------

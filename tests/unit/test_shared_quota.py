@@ -32,6 +32,7 @@ from sluice.gateway.shared_quota import (
     STALL_S,
     FailoverQuotas,
     HandBack,
+    HandBackDue,
     QuotaCircuit,
     QuotaSight,
     SharedQuotaGate,
@@ -392,6 +393,76 @@ def test_hand_back_says_what_was_used_locally_and_the_levels_last_seen() -> None
     assert q.hand_back(60.0) == {}  # used nothing since, and the levels are full again
 
 
+def test_a_hand_back_resent_says_the_losss_whole_charge_under_a_newer_number() -> None:
+    """Its answer lost, a hand-back is sent again: the same charge (the loss's whole, not
+    what is left to send), numbered anew, for the same loss, so that Redis, which records
+    the last one applied per process and loss, charges it once (lua/resume.lua)."""
+    q = _lost(0.5, 600.0)
+    assert q.acquire("m", 100, 3.0).ok
+    first = q.due(4.0)
+    assert first == [HandBackDue(1, 1, {"m": HandBack(0.0, 100.0, -1.0, 680.0)})]
+    # no answer: still local, and a request more meanwhile
+    assert q.acquire("m", 50, 4.5).ok
+    again = q.due(5.0)
+    assert again == [HandBackDue(1, 2, {"m": HandBack(0.0, 150.0, -1.0, 700.0)})]
+    q.acked(again[0])
+    q.acked(first[0])  # an older answer late: changes nothing
+    q.handed_back(5.0)
+    assert not q.owes() and q.due(6.0) == []
+
+
+def test_what_a_losss_requests_use_after_its_hand_back_is_handed_back_once() -> None:
+    """Requests admitted during a loss end after its hand-back: what they used more or
+    less than charged goes to Redis with the loss's next hand-back (before: dropped, as
+    Redis 'had been charged these already'); one admitted through Redis while the share
+    holds is Redis's own (its ticket gives back what it did not use), not counted."""
+    q = _lost(0.5, 600.0)
+    ran_on = q.acquire("m", 100, 3.0)
+    failed = q.acquire("m", 100, 3.0)
+    assert ran_on.outage == failed.outage == 1
+    [due] = q.due(4.0)
+    assert due.owed["m"].tokens_charge == 200.0
+    q.acked(due)
+    q.handed_back(4.0, hold_s=1.75)
+    q._circuit.success()
+    held = q.acquire("m", 30, 4.5)
+    assert held.ok and held.outage == 0
+    q.settle("m", -20, 4.6, held.outage)  # Redis's: not the loss's
+    q.release("m", 4.6, held.outage)
+    assert not q.owes()
+    # 60 s on (nothing refilled is credited past the hand-back): 1,000 tokens more used,
+    # and the backend failed the other (nothing billed: its 100 back)
+    q.settle("m", 1000, 64.0, ran_on.outage)
+    q.release("m", 64.0, ran_on.outage)
+    q.settle("m", -100, 64.0, failed.outage)
+    q.release("m", 64.0, failed.outage)
+    assert q.owes()
+    [late] = q.due(64.5)
+    assert (late.outage, late.seq) == (1, 2)
+    assert late.owed["m"].tokens_charge == 1100.0  # the loss's whole: Redis adds 900
+    q.acked(late)
+    assert not q.owes() and q.due(65.0) == []  # once, and the loss is forgotten
+
+
+def test_a_late_settle_while_redis_is_lost_again_waits_for_the_next_probe() -> None:
+    """The first loss's request ends during a second loss: its hand-back is sent again
+    with the second's, each numbered within its own loss."""
+    q = _lost(0.5, 600.0)
+    first = q.acquire("m", 100, 3.0)
+    [due] = q.due(4.0)
+    q.acked(due)
+    q.handed_back(4.0)
+    q._circuit.success()
+    q._circuit.failure(timeout=False)
+    q.take_over(10.0, {})
+    second = q.acquire("m", 10, 10.0)
+    assert second.outage == 2
+    q.settle("m", 40, 11.0, first.outage)
+    dues = {d.outage: d for d in q.due(12.0)}
+    assert dues[1].seq == 2 and dues[1].owed["m"].tokens_charge == 140.0
+    assert dues[2].seq == 1 and dues[2].owed["m"].tokens_charge == 10.0
+
+
 def test_the_hand_back_charges_what_the_share_had_not_refilled() -> None:
     """One process holding the whole quota (1,200 tokens a minute, 20 a second), full
     when Redis was lost: 1,000 tokens used at once, 600 half a minute later. Before, the
@@ -742,7 +813,8 @@ async def test_back_from_a_loss_redis_is_charged_what_was_used_before_anything_e
     # 1 request and 250 tokens used locally, its share 0.9 x 1 + 0.1 / 16 (no count: the
     # fleet prior) = 0.90625 of each quota refilled 0.90625 requests in the second since;
     # levels last seen 1000 + 1 s x 20 tokens
-    assert redis.named("resume") == [(60, 1200, 0.09375, 250.0, 60.0, 1020.0)]
+    # (the loss's first hand-back, remembered by Redis for an hour)
+    assert redis.named("resume") == [(60, 1200, 0.09375, 250.0, 60.0, 1020.0, 1, 3600)]
     assert mode_at_resume == ["local"]  # requests go to Redis only once it knows
     # and for as long as another process may take to hand back, the share checks too
     assert gate.hold_after_return_s == 1.0 + 0.25 + PROBE_TIMEOUT_S
@@ -775,7 +847,7 @@ async def test_leaving_while_local_hands_back_what_it_admitted_within_its_grace(
     await gate.stop()
     assert pings == [False, False, True]
     # the level unknown (-1): the request and its 100 tokens, nothing refilled yet
-    assert redis.named("resume") == [(60, 1200, 1.0, 100.0, -1.0, -1.0)]
+    assert redis.named("resume") == [(60, 1200, 1.0, 100.0, -1.0, -1.0, 1, 3600)]
     assert redis.named("zrem") == [(gate.process,)]  # and it left the count of processes
 
 

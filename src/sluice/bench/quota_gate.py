@@ -43,6 +43,7 @@ from sluice.core.quota import InProcessQuotas, capped_charge, settlement
 from sluice.core.quota_failover import (
     FailoverQuotas,
     HandBack,
+    HandBackDue,
     QuotaCircuit,
     QuotaSight,
     has_quota,
@@ -547,10 +548,12 @@ class VirtualQuotaGate:
 
     def _hand_back(self, t: float, deadline: float) -> None:
         quotas = self.controller_quotas
-        owed = quotas.hand_back(self.clock.now())
+        owed = quotas.hand_back(self.clock.now())  # (the loss going on, for the records)
+        dues = quotas.due(self.clock.now())
         calls = [
-            self._resume(lim, hb, deadline)
-            for name, hb in owed.items()
+            self._resume(lim, hb, deadline, due)
+            for due in dues
+            for name, hb in due.owed.items()
             if (lim := self._limits.get(name)) is not None
         ]
 
@@ -558,6 +561,8 @@ class VirtualQuotaGate:
             if not ok:
                 self._probe_failed(ta)
                 return
+            for due in dues:
+                quotas.acked(due)
             if self._on_hand_back is not None:
                 self._on_hand_back(ta, self, dict(owed))
             quotas.handed_back(self.clock.now(), self.hold_after_return_s)
@@ -565,7 +570,7 @@ class VirtualQuotaGate:
 
         _gather(t, calls, all_back)
 
-    def _resume(self, lim: TenantLimits, hb: HandBack, deadline: float) -> Call:
+    def _resume(self, lim: TenantLimits, hb: HandBack, deadline: float, due: HandBackDue) -> Call:
         """One tenant's hand-back (resume.lua), within what is left of the probe's time."""
 
         def op(ts: float) -> bool:
@@ -578,6 +583,7 @@ class VirtualQuotaGate:
                 tokens_used=hb.tokens_charge,
                 requests_level=hb.requests_level,
                 tokens_level=hb.tokens_level,
+                hand_back=(self.process, due.outage, due.seq),
             )
             return True
 

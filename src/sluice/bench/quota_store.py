@@ -144,6 +144,8 @@ class QuotaStore:
         self._conc: dict[str, dict[str, int]] = {}
         self._beat: dict[str, dict[str, float]] = {}
         self._processes: dict[str, float] = {}
+        # per (tenant, process, loss): the last hand-back applied (its number, charges)
+        self._hand_backs: dict[tuple[str, str, int], tuple[int, float, float]] = {}
         self.forgiven: dict[tuple[str, str], float] = {}
         self.calls = 0
 
@@ -172,6 +174,7 @@ class QuotaStore:
                 self._conc.clear()
                 self._beat.clear()
                 self._processes.clear()
+                self._hand_backs.clear()
 
     def _answered(self, now: float) -> None:
         if self.failure(now) is not None:
@@ -380,18 +383,32 @@ class QuotaStore:
         tokens_used: float,
         requests_level: float,
         tokens_level: float,
-    ) -> None:
+        hand_back: tuple[str, int, int] | None = None,
+    ) -> bool:
         """resume.lua: charge for what a process admitted on its own meanwhile (its use
         less what its share refilled), restoring first its estimate of a level the store
-        has lost (-1: unknown)."""
+        has lost (-1: unknown). With `hand_back` (process, loss, number), the charges are
+        the loss's whole: one applied already, or older, charges nothing (False), a newer
+        one what it adds."""
         self._answered(now)
+        key = None if hand_back is None else (tenant, hand_back[0], hand_back[1])
+        last = None if key is None else self._hand_backs.get(key)
+        if last is not None and hand_back is not None and hand_back[2] <= last[0]:
+            return False
         rl, tl = self._levels(tenant, rpm, tpm, now)
         h = self._rate_hash(tenant, now)
-        if rpm > 0 and requests_level >= 0 and (h is None or h.rt is None):
-            rl = min(float(rpm), requests_level)
-        if tpm > 0 and tokens_level >= 0 and (h is None or h.tt is None):
-            tl = min(float(tpm), tokens_level)
-        self._store(tenant, rpm, tpm, rl - requests_used, tl - tokens_used, now, None)
+        r0 = t0 = 0.0
+        if last is None:
+            if rpm > 0 and requests_level >= 0 and (h is None or h.rt is None):
+                rl = min(float(rpm), requests_level)
+            if tpm > 0 and tokens_level >= 0 and (h is None or h.tt is None):
+                tl = min(float(tpm), tokens_level)
+        else:
+            r0, t0 = last[1], last[2]
+        self._store(tenant, rpm, tpm, rl - (requests_used - r0), tl - (tokens_used - t0), now, None)
+        if key is not None and hand_back is not None:
+            self._hand_backs[key] = (hand_back[2], requests_used, tokens_used)
+        return True
 
     def heartbeat(self, now: float, tenant: str, *, process: str, open_requests: int) -> None:
         """heartbeat.lua: the absolute count of a process's open requests."""

@@ -433,7 +433,7 @@ class Controller:
                 patience_s=patience,
             )
         if code is not None:
-            self._quotas.refund(req.tenant, charge, now)
+            self._quotas.refund(req.tenant, charge, now, quota.outage)
             refusal = self._refusal(prio, now, code, patience, req.tenant, _give_up_at(req))
             return self._refuse(counters, refusal.code, refusal.retry_after_s, refusal)
 
@@ -447,6 +447,7 @@ class Controller:
             cost=footprint,
         )
         rec.quota_tokens = charge
+        rec.quota_outage = quota.outage
         self._records[rid] = rec
         counters.admitted += 1
         if claim is not None:
@@ -760,7 +761,7 @@ class Controller:
         del self._records[rec.request_id]
         rec.state = RequestState.GONE
         _bump(self._counters[rec.priority].dropped, code.value)
-        self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+        self._quotas.refund(rec.tenant, rec.quota_tokens, now, rec.quota_outage)
 
     def _drop(self, rec: RequestRecord, code: RejectCode, now: float) -> None:
         self._forget_dropped(rec, code, now)
@@ -818,15 +819,15 @@ class Controller:
         if rec.state is RequestState.QUEUED:
             self._queues[rec.priority].remove(request_id)
             counters.cancelled_queued += 1
-            self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+            self._quotas.refund(rec.tenant, rec.quota_tokens, now, rec.quota_outage)
         else:
             self._dispatcher.release(rec, now)
             counters.cancelled_inflight += 1
             if self._ready and any(r is rec for r, _ in self._ready):
                 # dispatched by arrive() but never reported, so never sent
-                self._quotas.refund(rec.tenant, rec.quota_tokens, now)
+                self._quotas.refund(rec.tenant, rec.quota_tokens, now, rec.quota_outage)
             else:
-                self._quotas.release(rec.tenant, now)
+                self._quotas.release(rec.tenant, now, rec.quota_outage)
         rec.state = RequestState.GONE
 
     def hand_over(self) -> None:
@@ -908,8 +909,8 @@ class Controller:
             )
         delta = settlement(rec.quota_tokens, outcome, prompt_tokens, completion_tokens)
         if delta:
-            self._quotas.settle(rec.tenant, delta, now)
-        self._quotas.release(rec.tenant, now)
+            self._quotas.settle(rec.tenant, delta, now, rec.quota_outage)
+        self._quotas.release(rec.tenant, now, rec.quota_outage)
         if outcome is Outcome.CANCELLED:
             self._dispatcher.refresh(b)
             return  # no latency signal

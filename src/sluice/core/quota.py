@@ -42,6 +42,10 @@ from sluice.core.types import Outcome
 class QuotaDecision:
     ok: bool
     retry_after_s: float = 0.0
+    # admitted by this process alone while the shared store was lost: which loss (0: none).
+    # The request's refund, settle and release say it again, so that what it uses after
+    # the loss's hand-back is still handed back (core/quota_failover.py)
+    outage: int = 0
 
 
 ADMITTED = QuotaDecision(True)  # shared: a decision is never changed
@@ -107,9 +111,9 @@ class TenantQuotas(Protocol):
     def charge_for(self, tenant: str, tokens: int) -> int: ...
     def set_limits(self, tenants: Iterable[TenantLimits], now: float = 0.0) -> None: ...
     def acquire(self, tenant: str, tokens: int, now: float) -> QuotaDecision: ...
-    def refund(self, tenant: str, tokens: int, now: float) -> None: ...
-    def settle(self, tenant: str, delta_tokens: int, now: float) -> None: ...
-    def release(self, tenant: str, now: float) -> None: ...
+    def refund(self, tenant: str, tokens: int, now: float, outage: int = 0) -> None: ...
+    def settle(self, tenant: str, delta_tokens: int, now: float, outage: int = 0) -> None: ...
+    def release(self, tenant: str, now: float, outage: int = 0) -> None: ...
 
 
 class TokenBucket:
@@ -233,7 +237,7 @@ class InProcessQuotas:
         st.open += 1
         return ADMITTED
 
-    def refund(self, tenant: str, tokens: int, now: float) -> None:
+    def refund(self, tenant: str, tokens: int, now: float, outage: int = 0) -> None:
         st = self._get(tenant, now)
         if st.requests is not None:
             st.requests.refill(now)
@@ -243,14 +247,14 @@ class InProcessQuotas:
             st.tokens.level = min(st.tokens.capacity, st.tokens.level + tokens)
         self.release(tenant, now)
 
-    def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
+    def settle(self, tenant: str, delta_tokens: int, now: float, outage: int = 0) -> None:
         st = self._get(tenant, now)
         if st.tokens is not None and delta_tokens:
             bucket = st.tokens
             bucket.refill(now)
             bucket.level = max(-bucket.capacity, min(bucket.capacity, bucket.level - delta_tokens))
 
-    def release(self, tenant: str, now: float) -> None:
+    def release(self, tenant: str, now: float, outage: int = 0) -> None:
         st = self._state.get(tenant)
         if st is not None and st.open > 0:
             st.open -= 1

@@ -210,9 +210,11 @@ class Ledger:
     sight (a process that never heard from Redis) the level is unknown and both start
     empty (the tenant may have used its minute): no refill is credited before the share
     would have filled again from nothing. No floor: every token admitted counts (a
-    request's usage past its charge included)."""
+    request's usage past its charge included). Once handed back it is `close`d: what its
+    requests still use is counted as at the close, with no refill after it (Redis refills
+    the tenant's buckets from then on)."""
 
-    __slots__ = ("requests", "tokens", "used")
+    __slots__ = ("closed", "requests", "tokens", "used")
 
     def __init__(
         self,
@@ -225,6 +227,7 @@ class Ledger:
         self.requests = self._buckets(t.requests_per_minute, fraction, requests_level, now)
         self.tokens = self._buckets(t.tokens_per_minute, fraction, tokens_level, now)
         self.used = False
+        self.closed = False
 
     @staticmethod
     def _buckets(
@@ -245,8 +248,18 @@ class Ledger:
         for pair, amount in ((self.requests, requests), (self.tokens, tokens)):
             if pair is not None and amount:
                 bucket = pair[0]
-                bucket.refill(now)
+                if not self.closed:
+                    bucket.refill(now)
                 bucket.level = min(bucket.capacity, bucket.level - amount)
+
+    def close(self, now: float) -> None:
+        """Handed back at `now`: no refill is credited past it (`charge` no longer
+        depends on the time)."""
+        for pair in (self.requests, self.tokens):
+            if pair is not None and not self.closed:
+                for bucket in pair:
+                    bucket.refill(now)
+        self.closed = True
 
     def resize(self, t: TenantLimits, fraction: float, now: float) -> None:
         for pair, per_minute in (
@@ -265,10 +278,70 @@ class Ledger:
                 out.append(0.0)
                 continue
             seen, unused = pair
-            seen.refill(now)
-            unused.refill(now)
+            if not self.closed:
+                seen.refill(now)
+                unused.refill(now)
             out.append(unused.level - seen.level)
         return out[0], out[1]
+
+
+class Outage:
+    """One loss of Redis as this process hands it back: per tenant the `Ledger` of what it
+    admitted on its own, what Redis charged late, its requests still open here, and the
+    charge (cumulative, for the loss: its hand-back id) Redis has acknowledged.
+
+    A hand-back is sent as the loss's whole charge so far, numbered (`seq`): Redis
+    records per process and loss the last one applied and charges only what a newer one
+    adds (lua/resume.lua), so a hand-back resent after its answer was lost is not
+    charged again, and what the loss's requests use after it (they ran on) is sent the
+    same way, the difference alone charged."""
+
+    __slots__ = ("acked", "acked_seq", "late", "ledgers", "number", "open", "seq")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.ledgers: dict[str, Ledger] = {}
+        self.late: dict[str, list[float]] = {}  # requests, tokens Redis charged late
+        self.open: dict[str, int] = {}  # its requests not ended yet, per tenant
+        self.seq = 0  # of the last hand-back made
+        self.acked_seq = 0  # of the last one Redis answered
+        self.acked: dict[str, tuple[float, float]] = {}
+
+    @property
+    def closed(self) -> bool:
+        return all(ledger.closed for ledger in self.ledgers.values())
+
+    def charge(self, tenant: str, now: float) -> tuple[float, float]:
+        ledger = self.ledgers.get(tenant)
+        requests, tokens = (0.0, 0.0) if ledger is None else ledger.charge(now)
+        late = self.late.get(tenant)
+        if late is not None:
+            requests -= late[0]
+            tokens -= late[1]
+        return requests, tokens
+
+    def unacked(self, now: float) -> dict[str, tuple[float, float]]:
+        """Tenants whose charge Redis has not acknowledged (as it is now)."""
+        out = {}
+        for name in self.ledgers.keys() | self.late.keys():
+            charge = self.charge(name, now)
+            if charge != self.acked.get(name, (0.0, 0.0)):
+                out[name] = charge
+        return out
+
+    def owes(self) -> bool:
+        if not self.closed:
+            return bool(self.late) or any(ledger.used for ledger in self.ledgers.values())
+        return bool(self.unacked(0.0))  # (closed: the charge is the same at any time)
+
+
+@dataclass(frozen=True, slots=True)
+class HandBackDue:
+    """A hand-back to send: loss `outage`'s charge per tenant, as of its `seq`-th send."""
+
+    outage: int
+    seq: int
+    owed: dict[str, HandBack]
 
 
 class FailoverQuotas:
@@ -288,8 +361,12 @@ class FailoverQuotas:
     Refunds, settles and releases go to `local` only for tenants with requests it holds
     (charged locally, or still running from before), so a request admitted through Redis
     after it is back never gives back to the local buckets. `hand_back` says what was
-    admitted locally meanwhile, for Redis. (A request whose Redis check succeeded in the
-    instant the circuit went local is charged locally too: a one-off, on the safe side.)"""
+    admitted locally meanwhile, for Redis; `due` what to send (every loss not fully
+    acknowledged, `acked` once Redis answered): a request admitted during a loss carries
+    the loss's number (`QuotaDecision.outage`), and what it uses after the hand-back is
+    added to that loss's charge and sent again. (A request whose Redis check succeeded in
+    the instant the circuit went local is charged locally too: a one-off, on the safe
+    side.)"""
 
     def __init__(
         self,
@@ -310,8 +387,9 @@ class FailoverQuotas:
         self._sights: dict[str, QuotaSight] = {}
         # tenants given a local share since the last loss, and what they were given
         self.shares: dict[str, QuotaShare] = {}
-        self._ledgers: dict[str, Ledger] = {}  # per tenant, while local: what it admitted
-        self._late: dict[str, list[float]] = {}  # per tenant: requests, tokens charged late
+        self._outages: dict[int, Outage] = {}  # losses not fully handed back yet
+        self._current: Outage | None = None  # the loss going on, until handed back
+        self._lost = 0  # losses so far (each one's number)
         self.processes: int | None = None  # the live processes Redis last counted
         self.hold_until = -math.inf  # back from a loss: the local share checks too until then
 
@@ -352,8 +430,10 @@ class FailoverQuotas:
     def take_over(self, now: float, running: Mapping[str, int]) -> None:
         """Quotas went local: from now on hold this process's share of each; `running`:
         requests per tenant admitted through Redis that are still open here."""
-        self._ledgers = {}
-        self._late = {}
+        if self._current is not None:  # (never handed back: closed as it is)
+            self._close(self._current, now)
+        self._lost += 1
+        self._current = self._outages[self._lost] = Outage(self._lost)
         self.shares = {}
         for t in self._tenants.values():
             if has_quota(t):
@@ -371,7 +451,8 @@ class FailoverQuotas:
             ledger = Ledger(t, share.fraction, requests_level, tokens_level, now)
         else:  # (the level unknown: no refill credited before a minute, Ledger)
             ledger = Ledger(t, share.fraction, 0.0, 0.0, now)
-        self._ledgers[t.name] = ledger
+        if self._current is not None:
+            self._current.ledgers[t.name] = ledger
 
     def _even(self) -> float:
         """This process's even part of a quota: 1/n of the processes Redis last counted;
@@ -401,7 +482,7 @@ class FailoverQuotas:
             open_here = self._local_open.get(name, 0)
             self.local.set_share(name, QuotaShare(fraction, None, None, open_here), now)
             self.shares[name] = dataclasses.replace(share, fraction=fraction)
-            ledger = self._ledgers.get(name)
+            ledger = None if self._current is None else self._current.ledgers.get(name)
             if ledger is not None:
                 ledger.resize(self._tenants[name], fraction, now)
             changed = True
@@ -421,22 +502,31 @@ class FailoverQuotas:
         return rl, tl
 
     def hand_back(self, now: float) -> dict[str, HandBack]:
-        """Per tenant, what Redis should be told now that it is back (call `handed_back`
-        once it has been): the ledger's charge (what the share admitted, less what it
-        refilled meanwhile), less what Redis charged late. Tenants whose levels were
+        """Per tenant, what Redis should be told of the loss going on now that it is back
+        (what `due` sends of it): the ledger's charge (what the share admitted, less what
+        it refilled meanwhile), less what Redis charged late. Tenants whose levels were
         below full are included even with nothing used: a Redis that lost them must not
         start them full."""
+        return {} if self._current is None else self._owed(self._current, now, None)
+
+    def _owed(
+        self, outage: Outage, now: float, only: Mapping[str, tuple[float, float]] | None
+    ) -> dict[str, HandBack]:
         out: dict[str, HandBack] = {}
+        for name, (requests, tokens) in (only or {}).items():
+            # (a tenant whose quota was removed since: its charge is sent, no level)
+            t = self._tenants.get(name)
+            rl, tl = (None, None) if t is None else self._estimate(t, now)
+            out[name] = HandBack(
+                requests, tokens, -1.0 if rl is None else rl, -1.0 if tl is None else tl
+            )
+        if only is not None:
+            return out
         for name, t in self._tenants.items():
             if not has_quota(t):
                 continue
             rl, tl = self._estimate(t, now)
-            ledger = self._ledgers.get(name)
-            requests, tokens = (0.0, 0.0) if ledger is None else ledger.charge(now)
-            late = self._late.get(name)
-            if late is not None:
-                requests -= late[0]
-                tokens -= late[1]
+            requests, tokens = outage.charge(name, now)
             below = (rl is not None and rl < t.requests_per_minute) or (
                 tl is not None and tl < t.tokens_per_minute
             )
@@ -446,36 +536,86 @@ class FailoverQuotas:
                 )
         return out
 
+    def due(self, now: float) -> list[HandBackDue]:
+        """The hand-backs to send now, one per loss: the loss going on (while Redis is
+        lost, for the probe), and those handed back whose requests have since used more
+        or less than their charge, or whose last hand-back was not acknowledged. Each
+        is numbered anew; `acked` it once Redis has answered."""
+        out = []
+        for outage in list(self._outages.values()):
+            if outage is self._current:
+                owed = self._owed(outage, now, None)
+            else:
+                owed = self._owed(outage, now, outage.unacked(now))
+            if owed:
+                outage.seq += 1
+                out.append(HandBackDue(outage.number, outage.seq, owed))
+        return out
+
+    def acked(self, due: HandBackDue) -> None:
+        """Redis has applied `due` (or a newer hand-back of its loss)."""
+        outage = self._outages.get(due.outage)
+        if outage is None or due.seq <= outage.acked_seq:
+            return
+        outage.acked_seq = due.seq
+        for name, hb in due.owed.items():
+            outage.acked[name] = (hb.requests_charge, hb.tokens_charge)
+        self._retire(outage)
+
+    def _retire(self, outage: Outage) -> None:
+        """A loss handed back, acknowledged, whose requests have all ended: forgotten."""
+        if outage is not self._current and not any(outage.open.values()) and not outage.owes():
+            self._outages.pop(outage.number, None)
+
     def owes(self) -> bool:
         """Something admitted while Redis was lost is not handed back yet."""
-        return bool(self._late) or any(ledger.used for ledger in self._ledgers.values())
+        return any(outage.owes() for outage in self._outages.values())
 
     def handed_back(self, now: float = 0.0, hold_s: float = 0.0) -> None:
-        """Redis has been told what `hand_back` said. For `hold_s` more, every request
-        Redis admits is also checked against this process's share (as while Redis was
-        lost, without counting it for Redis again): the processes still local have not
-        handed back yet, and until they have, Redis lets through what they used. The
-        shell holds for as long as another process's next probe may take."""
-        self._ledgers = {}
-        self._late = {}
+        """Redis has been told what `hand_back` said (`acked`). For `hold_s` more, every
+        request Redis admits is also checked against this process's share (as while
+        Redis was lost, without counting it for Redis again): the processes still local
+        have not handed back yet, and until they have, Redis lets through what they used.
+        The shell holds for as long as another process's next probe may take. What the
+        loss's requests use from now on is counted for the next hand-back of the loss."""
+        if self._current is not None:
+            outage, self._current = self._current, None
+            self._close(outage, now)
         self.hold_until = now + hold_s
 
-    def _use(self, tenant: str, requests: float, tokens: float, now: float) -> None:
-        if self._circuit.shared:
-            return  # after the hand-back: Redis was charged these already
-        ledger = self._ledgers.get(tenant)
+    def _close(self, outage: Outage, now: float) -> None:
+        for ledger in outage.ledgers.values():
+            ledger.close(now)
+        if self._current is outage:
+            self._current = None
+        self._retire(outage)
+
+    def _use(self, tenant: str, requests: float, tokens: float, now: float, outage: int) -> None:
+        if outage:  # admitted during a loss: that loss's, handed back or not
+            record = self._outages.get(outage)
+        elif self._circuit.shared:
+            return  # admitted through Redis, back: the shell gives Redis what it owes
+        else:
+            record = self._current
+        ledger = None if record is None else record.ledgers.get(tenant)
         if ledger is not None:
             ledger.use(requests, tokens, now)
+
+    def _ended(self, tenant: str, outage: int) -> None:
+        record = self._outages.get(outage) if outage else None
+        if record is not None and record.open.get(tenant, 0) > 0:
+            record.open[tenant] -= 1
+            self._retire(record)
 
     def charged_late(self, tenant: str, tokens: int) -> None:
         """Redis charged a request after it had stopped waiting for the answer (the
         circuit went local meanwhile, and this process checked it against its share): the
         hand-back takes that charge off again."""
-        if self._circuit.shared:
+        if self._circuit.shared or self._current is None:
             return
-        late = self._late.get(tenant)
+        late = self._current.late.get(tenant)
         if late is None:
-            late = self._late[tenant] = [0.0, 0.0]
+            late = self._current.late[tenant] = [0.0, 0.0]
         late[0] += 1
         late[1] += tokens
 
@@ -488,7 +628,12 @@ class FailoverQuotas:
         decision = self.local.acquire(tenant, tokens, now)
         if decision.ok:
             self._local_open[tenant] = self._local_open.get(tenant, 0) + 1
-            self._use(tenant, 1, tokens, now)  # nothing while holding: Redis charged it
+            outage = self._current
+            if not self._circuit.shared and outage is not None:
+                self._use(tenant, 1, tokens, now, outage.number)
+                outage.open[tenant] = outage.open.get(tenant, 0) + 1
+                return QuotaDecision(True, 0.0, outage.number)
+            # (holding: Redis charged it, and is given back what it does not use)
         return decision
 
     def _leave(self, tenant: str) -> bool:
@@ -501,16 +646,18 @@ class FailoverQuotas:
             self._local_open[tenant] = n - 1
         return True
 
-    def refund(self, tenant: str, tokens: int, now: float) -> None:
+    def refund(self, tenant: str, tokens: int, now: float, outage: int = 0) -> None:
         if self._leave(tenant):
             self.local.refund(tenant, tokens, now)
-            self._use(tenant, -1, -tokens, now)
+            self._use(tenant, -1, -tokens, now, outage)
+            self._ended(tenant, outage)
 
-    def settle(self, tenant: str, delta_tokens: int, now: float) -> None:
+    def settle(self, tenant: str, delta_tokens: int, now: float, outage: int = 0) -> None:
         if self._local_open.get(tenant, 0) > 0:
             self.local.settle(tenant, delta_tokens, now)
-            self._use(tenant, 0, delta_tokens, now)
+            self._use(tenant, 0, delta_tokens, now, outage)
 
-    def release(self, tenant: str, now: float) -> None:
+    def release(self, tenant: str, now: float, outage: int = 0) -> None:
         if self._leave(tenant):
             self.local.release(tenant, now)
+            self._ended(tenant, outage)

@@ -36,6 +36,7 @@ class RequestRecord:
         "prefill_ahead",
         "priority",
         "prompt_est",
+        "quota_outage",
         "quota_tokens",
         "refused_at",
         "request_id",
@@ -70,6 +71,7 @@ class RequestRecord:
         self.expected_output = expected_output
         self.cost = cost  # estimated KV footprint in tokens: prompt + expected output
         self.quota_tokens = cost  # what the tenant's token quota was charged
+        self.quota_outage = 0  # admitted locally while the shared quotas were lost: which loss
         self.state = RequestState.QUEUED
         self.backend: BackendState | None = None
         self.dispatched_at: float | None = None

@@ -53,6 +53,7 @@ from sluice.core.quota_failover import (
     STALL_S,
     FailoverQuotas,
     HandBack,
+    HandBackDue,
     QuotaCircuit,
     QuotaSight,
     has_quota,
@@ -74,12 +75,16 @@ RETRY_MIN_S, RETRY_MAX_S = 0.1, 60.0  # Retry-After clamp, as the core's
 FLUSH_S = 0.02  # what finished requests give back goes to Redis in one call per tenant
 DEMAND_TAU_S = 30.0  # "recent" demand: each process's decays with this time constant
 SIGHTS_PER_BEAT = 32  # tenants whose last sight is older than a heartbeat, refreshed per beat
+# Redis remembers each process's hand-back of a loss this long (a resent one is then not
+# charged again): longer than any request admitted during the loss may still run
+HAND_BACK_TTL_S = 3600
 
 __all__ = [
     "SHARE_FLOOR",
     "STALL_S",
     "FailoverQuotas",
     "HandBack",
+    "HandBackDue",
     "QuotaCircuit",
     "QuotaSight",
     "QuotaTicket",
@@ -111,6 +116,11 @@ def tenant_keys(tenant: str, prefix: str = KEY_PREFIX) -> tuple[str, str, str, s
     """The tenant's keys (rate, conc, beat, share): one hash tag, so one Cluster slot."""
     tag = f"{{{prefix}:tenant:{tenant}}}"
     return f"{tag}:rate", f"{tag}:conc", f"{tag}:beat", f"{tag}:share"
+
+
+def hand_back_key(tenant: str, process: str, outage: int, prefix: str = KEY_PREFIX) -> str:
+    """Where Redis records one process's hand-back of one loss for the tenant (its slot)."""
+    return f"{{{prefix}:tenant:{tenant}}}:handback:{process}:{outage}"
 
 
 # -- the shell's side ---------------------------------------------------------------------
@@ -323,15 +333,18 @@ class SharedQuotaGate:
             if self.circuit.shared or wait <= 0:
                 break
             await asyncio.sleep(wait)
+        if self.circuit.shared and quotas.owes():
+            await self._send_owed()  # what the losses' requests used after their hand-back
         if not self.circuit.shared and quotas.owes():
-            owed = quotas.hand_back(self._clock.now())
+            dues = quotas.due(self._clock.now())
+            owed = [hb for due in dues for hb in due.owed.values()]
             log.warning(
                 "leaving while Redis at %s is lost: what this process admitted meanwhile "
                 "(%.0f tokens and %.0f requests of %d tenants) is not handed back",
                 self.url,
-                sum(max(0.0, hb.tokens_charge) for hb in owed.values()),
-                sum(max(0.0, hb.requests_charge) for hb in owed.values()),
-                len(owed),
+                sum(max(0.0, hb.tokens_charge) for hb in owed),
+                sum(max(0.0, hb.requests_charge) for hb in owed),
+                len({name for due in dues for name in due.owed}),
             )
 
     # -- the request path -----------------------------------------------------------------
@@ -574,6 +587,8 @@ class SharedQuotaGate:
                 await asyncio.wait({self._beating})
             elif not self.circuit.shared:  # (never counted: follow the fleet share)
                 self.controller_quotas.reshare(now)
+            if self.circuit.shared and self.controller_quotas.owes():
+                await self._send_owed()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), tick)
 
@@ -610,14 +625,23 @@ class SharedQuotaGate:
         process admitted on its own meanwhile (restoring first the levels last seen, for
         a Redis that lost them), so that the loss does not hand out a quota twice; then
         hold this process's share as a second check while the other processes may still
-        be local (FailoverQuotas.handed_back)."""
+        be local (FailoverQuotas.handed_back). Each hand-back is the loss's whole charge,
+        numbered: one resent after its answer was lost is not charged again."""
         quotas = self.controller_quotas
-        owed = quotas.hand_back(self._clock.now())
+        dues = quotas.due(self._clock.now())
+        await asyncio.gather(*(call for due in dues for call in self._resumes(due)))
+        for due in dues:
+            quotas.acked(due)
+        quotas.handed_back(self._clock.now(), self.hold_after_return_s)
+
+    def _resumes(self, due: HandBackDue) -> list[Any]:
+        """The calls (resume.lua) of one hand-back, one per tenant."""
         calls = []
-        for name, hb in owed.items():
+        for name, hb in due.owed.items():
             t = self._limits.get(name)
-            if t is None:
+            if t is None:  # its quota removed since: nothing to charge it against
                 continue
+            keys = (self._tenant_keys(name)[0], hand_back_key(name, self.process, due.outage))
             args = (
                 t.requests_per_minute,
                 t.tokens_per_minute,
@@ -625,10 +649,23 @@ class SharedQuotaGate:
                 hb.tokens_charge,
                 hb.requests_level,
                 hb.tokens_level,
+                due.seq,
+                HAND_BACK_TTL_S,
             )
-            calls.append(self._resume(keys=self._tenant_keys(name)[:1], args=args))
-        await asyncio.gather(*calls)
-        quotas.handed_back(self._clock.now(), self.hold_after_return_s)
+            calls.append(self._resume(keys=keys, args=args))
+        return calls
+
+    async def _send_owed(self) -> None:
+        """Back from a loss, its requests that ran on ended: hand the loss back again, so
+        that Redis is charged what they used (less what they were charged), once. A call
+        that fails goes local as any other; the next probe sends it again."""
+        quotas = self.controller_quotas
+        for due in quotas.due(self._clock.now()):
+            answers = await asyncio.gather(*(self._call(c) for c in self._resumes(due)))
+            if all(answer is not None for answer in answers):
+                quotas.acked(due)
+            if not self.circuit.shared:
+                return
 
     async def _beat(self) -> None:
         """Say this process is alive and learn how many are; refresh the sights of the
