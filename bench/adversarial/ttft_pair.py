@@ -10,10 +10,13 @@ before and after in the same run.
 
     python bench/adversarial/ttft_pair.py [--pairs 200] [--gap-ms 50] [--background 0]
         [--profile h100-llama3-8b] [--prompt-tokens 256] [--output-tokens 16]
-        [--compare-src /tmp/base/src]
+        [--compare-src /tmp/base/src] [--client httpx]
 
 TTFT is what guidellm measures: from sending the request to the first event that
-carries content. Also reported: the time to the answer's head (status line). Prints
+carries content. `--client httpx` times the measured requests as guidellm 0.8.1 itself
+does (httpx, the clock started at the request head's write): through the gateway, httpx
+also reads the answer's head on the first token's time (docs/operations.md).
+Also reported: the time to the answer's head (status line). Prints
 one JSON object: per arm the median, mean, p90 of each, and the median of the per-round
 difference (each gateway minus direct), with the machine's busy fraction."""
 
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 import uvloop
 
@@ -80,6 +84,39 @@ async def one(
     return head, first
 
 
+async def one_httpx(
+    client: httpx.AsyncClient, url: str, data: bytes, key: str | None
+) -> tuple[float, float]:
+    """As `one`, the way guidellm 0.8.1 times it (guidellm/backends/openai/http.py:
+    `_aiter_generative`): httpx's stream, its clock started at the request head's write
+    (the `send_request_headers.started` trace), its lines read with `aiter_lines`."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    t0 = 0.0
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        nonlocal t0
+        if not t0 and event.endswith(".send_request_headers.started"):
+            t0 = time.perf_counter()
+
+    first = 0.0
+    async with client.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        content=data,
+        headers=headers,
+        extensions={"trace": trace},
+    ) as up:
+        head = time.perf_counter() - t0
+        if up.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {up.status_code}: {(await up.aread())[:200]!r}")
+        async for line in up.aiter_lines():
+            if not first and '"content":"' in line and '"content":""' not in line:
+                first = time.perf_counter() - t0
+    return head, first
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     ms = sorted(v * 1000 for v in values)
     return {
@@ -95,7 +132,17 @@ async def measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, A
     heads: dict[str, list[float]] = {a: [] for a in arms}
     firsts: dict[str, list[float]] = {a: [] for a in arms}
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        httpx.AsyncClient(limits=limits, timeout=60) as client,
+    ):
+
+        async def timed(url: str, data: bytes, key: str | None) -> tuple[float, float]:
+            if args.client == "httpx":
+                return await one_httpx(client, url, data, key)
+            return await one(session, url, data, key)
+
         stop = asyncio.Event()
 
         async def background(url: str) -> None:
@@ -112,15 +159,13 @@ async def measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, A
         ]
         for url, key in arms.values():  # warm both connections (and the limiter)
             for i in range(5):
-                await one(session, url, body(args.prompt_tokens, 4, i), key)
+                await timed(url, body(args.prompt_tokens, 4, i), key)
         for i in range(args.pairs):
             order = list(arms)
             rng.shuffle(order)
             for name in order:
                 url, key = arms[name]
-                head, first = await one(
-                    session, url, body(args.prompt_tokens, args.output_tokens, i), key
-                )
+                head, first = await timed(url, body(args.prompt_tokens, args.output_tokens, i), key)
                 heads[name].append(head)
                 firsts[name].append(first)
                 await asyncio.sleep(args.gap_ms / 1000)
@@ -151,6 +196,12 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--client",
+        choices=("aiohttp", "httpx"),
+        default="aiohttp",
+        help="the measured requests' client (httpx: as guidellm times them)",
+    )
     p.add_argument("--gateway-arg", action="append", default=[], help="passed to sluice serve")
     p.add_argument("--compare-src", type=Path, help="a `base` arm: the gateway from this src/")
     args = p.parse_args()
