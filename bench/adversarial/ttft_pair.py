@@ -87,9 +87,10 @@ async def one(
 async def one_httpx(
     client: httpx.AsyncClient, url: str, data: bytes, key: str | None
 ) -> tuple[float, float]:
-    """As `one`, the way guidellm 0.8.1 times it (guidellm/backends/openai/http.py:
-    `_aiter_generative`): httpx's stream, its clock started at the request head's write
-    (the `send_request_headers.started` trace), its lines read with `aiter_lines`."""
+    """As `one`, the way guidellm 0.8.1 times it (guidellm/backends/openai/http.py,
+    `_resolve_streaming` and `_trace_request_start`): httpx's stream, its clock started at
+    the request head's write (the `send_request_headers.started` trace), its lines read
+    with `aiter_lines`."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
