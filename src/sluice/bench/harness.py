@@ -50,7 +50,7 @@ from sluice.bench.cuts import add_cuts_sample, cuts_so_far
 from sluice.bench.engine_view import EngineView
 from sluice.bench.fleet import Balancer, FleetSpec, ReplicaClock
 from sluice.bench.fleet_quotas import FleetQuotas
-from sluice.bench.noise import ComputeNoise, Jitter
+from sluice.bench.noise import ComputeNoise, Episodes, Jitter
 from sluice.bench.returns import CANNOT_SERVE_IN_TIME, note_refusal
 from sluice.bench.scenario import CLASSES, Retry, Scenario
 from sluice.bench.workload import ClientRequest, retry_delay
@@ -364,10 +364,16 @@ class _Run:
         self.jitter = jitter
         self.jitter_rng = [jitter.sampler(seed, i) for i in range(n)] if jitter else []
         noise = scenario.spec.backends.compute_noise
-        self.compute_noise = ComputeNoise(noise.p50, noise.p99) if noise else None
+        episodes = (
+            Episodes(noise.episodes.busy, noise.episodes.quiet)
+            if noise is not None and noise.episodes is not None
+            else None
+        )
+        self.compute_noise = ComputeNoise(noise.p50, noise.p99, episodes) if noise else None
         self.compute_rng = [
             self.compute_noise.sampler(seed, i) for i in range(n) if self.compute_noise
         ]
+        self.compute_clock = [episodes.clock(seed, i) for i in range(n)] if episodes else []
         self.delivered_until = [0.0] * n  # deliveries of a backend stay in order
         self.engine_kind = engine
         self.views = [EngineView(engine, e) for e in self.engines] if engine else None
@@ -945,7 +951,10 @@ class _Run:
     def _start_step(self, t: float, b: int) -> None:
         engine = self.engines[b]
         noise = self.compute_noise
-        result = engine.step(t, noise.draw(self.compute_rng[b]) if noise else 1.0)
+        factor = 1.0
+        if noise is not None and (not self.compute_clock or self.compute_clock[b].busy_at(t)):
+            factor = noise.draw(self.compute_rng[b])
+        result = engine.step(t, factor)
         waiting = engine.num_waiting
         running = engine.num_running
         if running > self.peak_running[b]:

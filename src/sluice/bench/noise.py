@@ -65,6 +65,8 @@ class ComputeNoise:
 
     p50: float
     p99: float
+    # None: the host is busy all the time; else only in its busy spells
+    episodes: Episodes | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.p50 <= self.p99:
@@ -79,3 +81,46 @@ class ComputeNoise:
 
     def draw(self, rng: random.Random) -> float:
         return self.p50 * math.exp(rng.gauss(0.0, self.sigma))
+
+
+@dataclass(frozen=True, slots=True)
+class Episodes:
+    """When the host's other work runs: busy and quiet spells in turn, each of an
+    exponential length (means `busy_s` and `quiet_s`), starting quiet; `ComputeNoise`
+    stretches only the steps that start in a busy spell.
+
+    Why: on the real CPU vLLM of `make test-vllm` the host is slow in episodes (while the
+    pooling vLLM beside it runs its prefills) and fast between them: P0's six clients
+    alone, straight at the engine, got 94-100 % of their first tokens within 1 s, with a
+    median of 0.06-0.07 s and a p95 of 0.5-0.9 s (docs/bench.md, "P0 alone on the real
+    CPU vLLM"). Noise on every step (no episodes) makes the engine slow all the time,
+    which that run contradicts."""
+
+    busy_s: float
+    quiet_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.busy_s > 0 and self.quiet_s > 0):
+            raise ValueError("episodes need busy > 0 and quiet > 0")
+
+    def clock(self, seed: int, backend: int) -> EpisodeClock:
+        return EpisodeClock(self, random.Random(f"{seed}/episodes/{backend}"))
+
+
+class EpisodeClock:
+    """One backend's busy and quiet spells (`Episodes`), read at non-decreasing times."""
+
+    __slots__ = ("_episodes", "_rng", "_switch_at", "busy")
+
+    def __init__(self, episodes: Episodes, rng: random.Random) -> None:
+        self._episodes = episodes
+        self._rng = rng
+        self.busy = False
+        self._switch_at = rng.expovariate(1.0 / episodes.quiet_s)
+
+    def busy_at(self, now: float) -> bool:
+        while now >= self._switch_at:
+            self.busy = not self.busy
+            mean = self._episodes.busy_s if self.busy else self._episodes.quiet_s
+            self._switch_at += self._rng.expovariate(1.0 / mean)
+        return self.busy

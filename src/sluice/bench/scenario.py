@@ -157,11 +157,21 @@ DEFAULT_TENANTS: tuple[TenantSpec, ...] = (
 )
 
 
+class EpisodesSpec(_Model):
+    """The host's busy and quiet spells, by their mean lengths (`bench.noise.Episodes`).
+    (Not `on`/`off`: YAML reads those keys as booleans.)"""
+
+    busy: Duration = Field(gt=0)
+    quiet: Duration = Field(gt=0)
+
+
 class NoiseSpec(_Model):
-    """A lognormal factor by its median and 99th percentile (`bench.noise.ComputeNoise`)."""
+    """A lognormal factor by its median and 99th percentile (`bench.noise.ComputeNoise`),
+    on every step, or only in the host's busy spells (`episodes`)."""
 
     p50: float = Field(ge=1)
     p99: float = Field(ge=1)
+    episodes: EpisodesSpec | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> NoiseSpec:
