@@ -369,7 +369,7 @@ class _Run:
             if noise is not None and noise.episodes is not None
             else None
         )
-        self.compute_noise = ComputeNoise(noise.p50, noise.p99, episodes) if noise else None
+        self.compute_noise = ComputeNoise(noise.p50, noise.p99) if noise else None
         self.compute_rng = [
             self.compute_noise.sampler(seed, i) for i in range(n) if self.compute_noise
         ]

@@ -65,8 +65,6 @@ class ComputeNoise:
 
     p50: float
     p99: float
-    # None: the host is busy all the time; else only in its busy spells
-    episodes: Episodes | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.p50 <= self.p99:
@@ -86,8 +84,8 @@ class ComputeNoise:
 @dataclass(frozen=True, slots=True)
 class Episodes:
     """When the host's other work runs: busy and quiet spells in turn, each of an
-    exponential length (means `busy_s` and `quiet_s`), starting quiet; `ComputeNoise`
-    stretches only the steps that start in a busy spell.
+    exponential length (means `busy_s` and `quiet_s`), starting quiet; the bench draws a
+    `ComputeNoise` factor only for the steps that start in a busy spell.
 
     Why: on the real CPU vLLM of `make test-vllm` the host is slow in episodes (while the
     pooling vLLM beside it runs its prefills) and fast between them: P0's six clients
