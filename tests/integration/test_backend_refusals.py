@@ -60,6 +60,9 @@ class FakeVllm:
     full: bool = False
     slow: bool = False
     refuse_after_s: float = 0.0  # how long a refusal takes
+    sse_only: bool = False  # refuse every stream after its 200 (never the early 503)
+    # set: a streamed answer's first event waits for it (the head goes at once)
+    first_event: asyncio.Event | None = None
     refusals: Counter[str] = field(default_factory=Counter)
     health_checks: Counter[str] = field(default_factory=Counter)
     url: str = ""
@@ -110,7 +113,7 @@ class FakeVllm:
             await asyncio.sleep(self.refuse_after_s)
             # vLLM's early check answers 503; requests that passed it together are refused
             # after the 200 and the SSE headers went out
-            form = next(self._forms) if stream else "503"
+            form = ("sse" if self.sse_only else next(self._forms)) if stream else "503"
             self.refusals[form] += 1
             if form == "503":
                 return web.Response(status=503, body=REFUSED_503, content_type="application/json")
@@ -119,11 +122,17 @@ class FakeVllm:
             await response.write(REFUSED_SSE)
             await response.write_eof()
             return response
-        return await _answer(request, body, stream, seconds=6.0 if hold else 0.0)
+        return await _answer(
+            request, body, stream, seconds=6.0 if hold else 0.0, first_event=self.first_event
+        )
 
 
 async def _answer(
-    request: web.Request, body: dict[str, Any], stream: bool, seconds: float
+    request: web.Request,
+    body: dict[str, Any],
+    stream: bool,
+    seconds: float,
+    first_event: asyncio.Event | None = None,
 ) -> web.StreamResponse:
     """Four tokens spread over `seconds`."""
     chat = "messages" in body
@@ -139,6 +148,8 @@ async def _answer(
         return web.json_response({"id": "x", "model": MODEL, "choices": [choice], "usage": usage})
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if first_event is not None:
+        await first_event.wait()
     with contextlib.suppress(ConnectionResetError):  # the gateway's client hung up
         for _ in range(4):
             await asyncio.sleep(seconds / 4)
@@ -307,3 +318,56 @@ async def test_the_retry_of_a_refused_request_does_not_outwait_its_client() -> N
     assert results[None].took_s < 0.3 + 1.0 + 0.7
     # ...and no more than the client's own deadline.
     assert results[0.8].took_s < 0.8 + 0.3
+
+
+async def _metrics_fresh(s: aiohttp.ClientSession, gw: GatewayProcess) -> None:
+    """Until a scrape of the backend has answered (bounded)."""
+    deadline = time.monotonic() + 10
+    while True:
+        async with s.get(gw.url + "/admin/state", headers=ADMIN) as r:
+            state = orjson.loads(await r.read())
+        if state["controller"]["backends"]["backend-0"]["metrics_fresh"]:
+            return
+        assert time.monotonic() < deadline, state["controller"]["backends"]
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stream_head_goes_early_unless_the_backend_may_refuse_after_it() -> None:
+    """Nothing waiting in the engine and no refusal seen: the client has the stream's head
+    while the engine is still on its prefill (core/early_head.py). A refusal after the
+    head then ends the stream with the route's error event (as vLLM's own stream would);
+    from then on the heads wait for the first event again, and a refusal in it is the
+    gateway's 503 with Retry-After."""
+    fake = FakeVllm(sse_only=True, first_event=asyncio.Event())
+    runner = await fake.start()
+    gw = await asyncio.to_thread(
+        start_gateway, [fake.url], _policy("{algorithm: fixed, fixedLimit: 8}")
+    )
+    path, body = _body(0, stream=True)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+            await _metrics_fresh(s, gw)
+            # 1. The head arrives although the backend has not sent its first event yet.
+            async with s.post(gw.url + path, json=body, headers=P0) as r:
+                early = (r.status, r.headers["Content-Type"])
+                fake.first_event.set()
+                whole = await r.read()
+            # 2. Refused after the head: the error event, in the route's shape.
+            fake.full = True
+            async with s.post(gw.url + path, json=body, headers=P0) as r:
+                late = (r.status, await r.read())
+            # 3. The backend may be full now: the head waits, the refusal is a 503.
+            refused = await _send(s, gw, path, body)
+    finally:
+        await asyncio.to_thread(gw.stop)
+        await fake.stop(runner)
+
+    print(f"\nearly head: {early}; refused after it: {late}; then: {refused.status}")
+    assert early == (200, "text/event-stream")
+    assert whole.endswith(b"data: [DONE]\n\n") and b'"content":"a "' in whole
+    status, events = late
+    assert status == 200 and events.startswith(b"data: {") and events.endswith(b"[DONE]\n\n")
+    error = orjson.loads(events.split(b"\n\n")[0].removeprefix(b"data: "))["error"]
+    assert error["code"] == "backend_overloaded" and "overloaded" in error["message"]
+    assert (refused.status, refused.code) == (503, "backend_overloaded"), refused
+    assert refused.retry_after is not None and int(refused.retry_after) >= 1

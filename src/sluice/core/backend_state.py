@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sluice.core.early_head import EarlyHead
 from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import Limiter
 from sluice.core.types import BackendMetrics
@@ -18,6 +19,7 @@ class BackendState:
         "congestion",
         "counted_inflight",
         "counted_limit",
+        "early_head",
         "healthy",
         "inflight",
         "inflight_by_class",
@@ -71,6 +73,8 @@ class BackendState:
         self.kv_capacity: float | None = None
         self.last_metrics: BackendMetrics | None = None
         self.metrics_fresh = False
+        # whether a stream's head may go before its first event (core/early_head.py)
+        self.early_head = EarlyHead()
         # a scrape round has answered for it (metrics, or none: then latency-only control)
         self.scraped = False
         self.removed = False  # dropped by set_backends while requests were in flight

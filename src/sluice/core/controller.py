@@ -338,6 +338,7 @@ class Controller:
             on_backend = m.running + (m.waiting or 0.0)
             self._fleet.observe(b.inflight, b.left, on_backend, self._clock.now())
         b.left = 0
+        b.early_head.on_scrape(m.waiting, self._clock.now())
         self._tell_fleet(b)
         self._set_congestion(b, backend_congestion(m.kv_usage, m.waiting))
         b.limiter.on_metrics(m, self._clock.now())
@@ -721,7 +722,12 @@ class Controller:
             returns.waited += 1
         if arm and rec.info.first_token_visible:
             self._arm(rec, b, now)
-        return Assignment(rec.request_id, b.name, now - rec.enqueued_at)
+        return Assignment(
+            rec.request_id,
+            b.name,
+            now - rec.enqueued_at,
+            b.early_head.allowed(b.metrics_fresh, now),
+        )
 
     def _arm(self, rec: RequestRecord, b: BackendState, now: float) -> None:
         """The alarm that feeds the limiter if the first token is overdue."""
@@ -892,6 +898,8 @@ class Controller:
         b = rec.backend
         assert b is not None and rec.dispatched_at is not None
         self._dispatcher.release(rec, now, refresh=False)  # refreshed once, below
+        if outcome is Outcome.OVERLOADED:
+            b.early_head.on_refusal(now)
         self._service.update(now - rec.dispatched_at)
         finished = self._counters[rec.priority].finished
         key = str(outcome)  # its value (StrEnum), without enum's Python-level property

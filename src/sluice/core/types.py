@@ -96,6 +96,8 @@ class Assignment:
     request_id: str
     backend: str
     queued_s: float  # time it spent in the queue
+    # a stream's head may be relayed before its first event (core/early_head.py)
+    early_head: bool = False
 
 
 @dataclass(slots=True)

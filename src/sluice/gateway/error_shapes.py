@@ -31,6 +31,7 @@ class ErrorShape:
     """OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`."""
 
     name = "openai"
+    overloaded_status = 503  # the backend's own refusal for overload, passed on
 
     def body(self, status: int, message: str, code: str | None) -> bytes:
         return errors.error_body(status, message, code)
@@ -65,7 +66,7 @@ class ErrorShape:
     def overloaded(self, message: str, headers: dict[str, str]) -> web.Response:
         """The backend refused the request as overloaded (it answered 429/503)."""
         hdrs = {**headers, **errors.retry_after_headers(1.0)}
-        return self.response(503, message, "backend_overloaded", hdrs)
+        return self.response(self.overloaded_status, message, "backend_overloaded", hdrs)
 
     def stream_failure(self, status: int, message: str, code: str | None) -> bytes:
         """The event that ends a stream that broke off after it began."""
@@ -102,6 +103,7 @@ class AnthropicErrors(ErrorShape):
     """Anthropic's shape (see the module's docstring)."""
 
     name = "anthropic"
+    overloaded_status = OVERLOADED
 
     def body(self, status: int, message: str, code: str | None) -> bytes:
         if code:
@@ -128,10 +130,6 @@ class AnthropicErrors(ErrorShape):
         status = 429 if code is RejectCode.TENANT_QUOTA else OVERLOADED
         hdrs = {**headers, **errors.retry_after_headers(retry_after_s, within_s)}
         return self.response(status, message, code.value, hdrs)
-
-    def overloaded(self, message: str, headers: dict[str, str]) -> web.Response:
-        hdrs = {**headers, **errors.retry_after_headers(1.0)}
-        return self.response(OVERLOADED, message, "backend_overloaded", hdrs)
 
     def stream_failure(self, status: int, message: str, code: str | None) -> bytes:
         return b"event: error\ndata: " + self.body(status, message, code) + b"\n\n"

@@ -226,6 +226,11 @@ class Relay:
         pending = b""
         usage = _NO_USAGE
         response: web.StreamResponse | None = None
+        if ctx.early_head:
+            # nothing says the backend could still refuse it (core/early_head.py): the
+            # client reads the head while the engine prefills, not on its first token
+            response = await self._start(ctx, state, web.StreamResponse)
+        first = True
         head = b""
         # What the first token's event contains (b"": the first event is it); None once
         # it was relayed.
@@ -240,21 +245,23 @@ class Relay:
                     pending = chunk
                     continue
                 chunk, pending = chunk[: end + 2], chunk[end + 2 :]
-            if response is None:
+            if first:
+                first = False
                 if chunk.startswith(shape.refusal_prefix):
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
-                    return _overloaded(ctx, self.error_details, _error_message(chunk))
+                    if response is None:
+                        return _overloaded(ctx, self.error_details, _error_message(chunk))
+                    # the head went out: the route's error event, as the engine's own
+                    errors = ctx.route.errors
+                    message = _overloaded_message(ctx, self.error_details, _error_message(chunk))
+                    status = errors.overloaded_status
+                    code = "backend_overloaded"
+                    return await self._fail(ctx, state, status, message, code, Outcome.OVERLOADED)
                 head = chunk
-                response = state.response = _EventStream(
-                    status=200,
-                    headers={
-                        **ctx.headers,
-                        "Content-Type": "text/event-stream",
-                        "Cache-Control": "no-cache",
-                    },
-                )
-                await _client(state, response.prepare(ctx.request))
+                if response is None:
+                    response = await self._start(ctx, state, _EventStream)
+            assert response is not None  # started by the first event at the latest
             if shape.usage_marker in chunk:
                 chunk, usage = shape.take_usage(chunk, ctx.route.usage, ctx.strip_usage, usage)
             if first_token is not None and first_token in chunk:
@@ -265,7 +272,7 @@ class Relay:
                 first_token = None
                 continue
             await _client(state, response.write(chunk))
-        if response is None:
+        if response is None or first:
             raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
         if pending:
             await _client(state, response.write(pending))
@@ -275,6 +282,22 @@ class Relay:
         with contextlib.suppress(*_CLIENT_GONE):
             await response.write_eof()
         return RelayResult(response, Outcome.OK, *usage, head=head)
+
+    async def _start(
+        self, ctx: RequestContext, state: _StreamState, kind: type[web.StreamResponse]
+    ) -> web.StreamResponse:
+        """The client's stream: its head written now (`web.StreamResponse`) or with the
+        first event (`_EventStream`)."""
+        response = state.response = kind(
+            status=200,
+            headers={
+                **ctx.headers,
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+            },
+        )
+        await _client(state, response.prepare(ctx.request))
+        return response
 
     async def _backend_refused(
         self, ctx: RequestContext, up: aiohttp.ClientResponse
@@ -387,10 +410,14 @@ def _detailed(ctx: RequestContext, details: bool, plain: str, exc: BaseException
     return f"{plain[:-1]} (backend {ctx.backend.name}: {exc})."
 
 
-def _overloaded(ctx: RequestContext, details: bool, detail: str) -> RelayResult:
-    message = "The backend is overloaded; retry shortly."
+def _overloaded_message(ctx: RequestContext, details: bool, detail: str) -> str:
     if details:
-        message = f"The backend {ctx.backend.name} is overloaded ({detail}); retry shortly."
+        return f"The backend {ctx.backend.name} is overloaded ({detail}); retry shortly."
+    return "The backend is overloaded; retry shortly."
+
+
+def _overloaded(ctx: RequestContext, details: bool, detail: str) -> RelayResult:
+    message = _overloaded_message(ctx, details, detail)
     return RelayResult(
         ctx.route.errors.overloaded(message, ctx.headers), Outcome.OVERLOADED, retryable=True
     )

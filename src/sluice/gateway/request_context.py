@@ -49,6 +49,7 @@ class RequestContext:
     base_id = ""  # the gateway's request id (X-Request-Id)
     request_id = ""  # the current attempt's (base_id, then base_id-r1)
     attempt = 0  # admission: which attempt runs (0 = the first)
+    early_head = False  # admission: the stream's head may go before its first event
     queued_s = 0.0  # time queued over every attempt
     failed: RelayResult | None = None  # the answer a retry would replace
     booking: str | None = None  # admission.begin: the return slot this request claims

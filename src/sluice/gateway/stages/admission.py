@@ -149,6 +149,7 @@ class Admission:
         # the outcome stays "cancelled" until the relay says otherwise
         fields.update(backend=backend, attempt=attempt + 1, outcome="cancelled")
         ctx.backend = self.pool.backends[backend]
+        ctx.early_head = decision.early_head
         return None
 
     def retry_after_failure(self, ctx: RequestContext, result: RelayResult) -> bool:
