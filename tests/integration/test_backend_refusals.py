@@ -358,6 +358,9 @@ async def test_a_stream_head_goes_early_unless_the_backend_may_refuse_after_it()
                 late = (r.status, await r.read())
             # 3. The backend may be full now: the head waits, the refusal is a 503.
             refused = await _send(s, gw, path, body)
+        counted = gw.metrics()[
+            'sluice_upstream_errors_total{backend="backend-0",kind="overloaded"}'
+        ]
     finally:
         await asyncio.to_thread(gw.stop)
         await fake.stop(runner)
@@ -371,3 +374,6 @@ async def test_a_stream_head_goes_early_unless_the_backend_may_refuse_after_it()
     assert error["code"] == "backend_overloaded" and "overloaded" in error["message"]
     assert (refused.status, refused.code) == (503, "backend_overloaded"), refused
     assert refused.retry_after is not None and int(refused.retry_after) >= 1
+    # every refusal in a stream's first event counted, as a 503's is: the one after the
+    # head, then the held one and its one more try
+    assert counted == 3

@@ -250,6 +250,7 @@ class Relay:
                 if chunk.startswith(shape.refusal_prefix):
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
+                    self._telemetry.upstream_errors.labels(ctx.backend.name, "overloaded").inc()
                     if response is None:
                         return _overloaded(ctx, self.error_details, _error_message(chunk))
                     # the head went out: the route's error event, as the engine's own
