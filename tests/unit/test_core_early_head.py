@@ -55,3 +55,8 @@ def test_the_controller_tells_each_assignment() -> None:
     assert _assigned(c, "d").early_head
     c.metrics_stale("b0")
     assert not _assigned(c, "e").early_head
+    c.on_metrics("b0", BackendMetrics(at=31.0, waiting=0, running=1))
+    with_deadline = RequestInfo("f", "t", 0, "m", 100, 10, give_up_at=61.0)
+    admission = c.arrive(with_deadline, take=True)
+    assert admission.assignment is not None and not admission.assignment.early_head
+    assert _assigned(c, "g").early_head  # the same moment, no deadline stated

@@ -726,7 +726,9 @@ class Controller:
             rec.request_id,
             b.name,
             now - rec.enqueued_at,
-            b.early_head.allowed(b.metrics_fresh, now),
+            # a stated deadline may still end before the first token: a 504, not an
+            # error event after a 200 (core/early_head.py)
+            rec.info.give_up_at is None and b.early_head.allowed(b.metrics_fresh, now),
         )
 
     def _arm(self, rec: RequestRecord, b: BackendState, now: float) -> None:

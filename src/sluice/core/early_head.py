@@ -13,10 +13,13 @@ its cap, and past what it runs at once its requests wait. So the head waits for 
 first event only while the backend may be full: its engine showed requests waiting on
 two scrapes in a row (one is any arrival between two engine steps), or it refused a
 request as overloaded, within the last `memory_s`; or nothing fresh says otherwise (no
-scrape yet, metrics stale or absent). Otherwise the head goes as soon as the backend's
-came. A refusal that comes all the same (an engine whose cap is below what it runs at
-once, refusing with nothing waiting) ends the stream with the route's error event, as the
-engine's own stream would have; and from then on the heads wait again.
+scrape yet, metrics stale or absent). It waits too for a request whose client stated a
+deadline (X-Request-Timeout): one that passes before the first token is the gateway's
+504, which the SDKs retry, not an error event after a 200 (the controller's `_started`).
+Otherwise the head goes as soon as the backend's came. A refusal that comes all the same
+(an engine whose cap is below what it runs at once, refusing with nothing waiting) ends
+the stream with the route's error event, as the engine's own stream would have; and from
+then on the heads wait again.
 """
 
 from __future__ import annotations
