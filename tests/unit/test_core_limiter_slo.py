@@ -277,34 +277,6 @@ def test_p0_first_tokens_slower_than_half_its_ttft_objective_cut() -> None:
     assert (cuts, before, lim.latency_limit) == (0, 26, pytest.approx(20.8))
 
 
-def test_with_one_class_alone_a_late_first_token_does_not_cut() -> None:
-    # P0 alone: a cut would only move P0's wait from the engine into the gateway's queue
-    flight = InFlight(p0=4)
-    lim = limiter(flight, initial=8)
-    lim.on_dispatch(8, 100, 0.0)
-    for i in range(10):  # on-time first tokens teach the base: ~0.1 s for this prompt
-        ttft(lim, 0.1, 1.0 + i * 0.1)
-    before = lim.limit
-
-    def late(now: float) -> None:
-        lim.on_sample(Sample(ttft_s=0.9, prompt_tokens=PROMPT, sent_at=now - 0.9, priority=0), now)
-        lim.on_sample(Sample(pending=True, prompt_tokens=PROMPT, sent_at=now, priority=0), now)
-
-    for i in range(10):  # 9x the expected first token, and overdue ones: `ttft`, pending
-        late(3.0 + i * 0.3)
-    assert (lim.cuts, lim.limit) == (0, before)
-    # a lower class on the backend: the same signals cut (P2 waits, P0 goes first)
-    flight.counts = [4, 0, 1]
-    late(7.0)
-    assert lim.cuts == 1 and lim.last_cut_reason in ("ttft", "ttft-pending", "ttft-objective")
-    # ...and for the serving hold after it left (10 s), a P2 request may come back
-    flight.counts = [4, 0, 0]
-    late(16.0)
-    assert lim.cuts == 2
-    late(17.2)
-    assert lim.cuts == 2
-
-
 def test_the_prefill_bound_aims_at_the_policys_tightest_ttft_whoever_is_served() -> None:
     # only P2 in flight: a P0 request may still come, and it waits behind the prefill
     # queued before it

@@ -359,8 +359,7 @@ class SluiceLimiter(LimiterBase):
             self._cut(now, sample.sent_at, "drop")
             return
         if sample.pending:
-            if self._first_token_cut_helps(now):
-                self._cut(now, sample.sent_at, "ttft-pending")
+            self._cut(now, sample.sent_at, "ttft-pending")
             return
         if sample.e2e_s is None:
             if sample.ttft_s is not None:
@@ -398,8 +397,7 @@ class SluiceLimiter(LimiterBase):
         short = self._ttft.update(x)
         host = self.host_factor(now)
         if short > self.ttft_jump * host:
-            if self._first_token_cut_helps(now):
-                self._cut(now, sample.sent_at, "ttft")
+            self._cut(now, sample.sent_at, "ttft")
         elif short <= self.ttft_grow_below * host:
             self._maybe_grow(now)
 
@@ -441,11 +439,6 @@ class SluiceLimiter(LimiterBase):
         self._preemptions_seen = None
 
     # -- control ---------------------------------------------------------------------
-
-    def _first_token_cut_helps(self, now: float) -> bool:
-        """Whether a cut on a late first token can shorten anyone's wait (here: always;
-        `slo` knows the classes being served)."""
-        return True
 
     def _cut(self, now: float, sent_at: float | None, reason: str) -> None:
         if sent_at is not None and sent_at < self._last_cut_at:

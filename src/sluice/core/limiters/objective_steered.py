@@ -266,23 +266,10 @@ class SloLimiter(SluiceLimiter):
                 target = self.ttft_target(now)
                 if target is not None and target[1] == prio:
                     p95 = self.ttft_p95(prio)
-                    if p95 is not None and p95 > target[0] and self._first_token_cut_helps(now):
+                    if p95 is not None and p95 > target[0]:
                         self._cut(now, sample.sent_at, "ttft-objective")
                         return
         super().on_sample(sample, now)
-
-    def _first_token_cut_helps(self, now: float) -> bool:
-        """A cut on a late first token moves waiting from the engine to the gateway's
-        queue: it helps when the wait it creates falls on another class than the one it
-        shortens (the lower classes held back, a tighter class's first tokens sooner).
-        With one class alone on the backend, the requests it holds back are of the very
-        class whose first tokens were late, which then wait a whole answer's time in the
-        gateway's queue for a slot instead of the engine's step or two: on the real CPU
-        vLLM, P0 alone got 94-100 % of its objective straight and 47-96 % through the
-        gateway, each miss a 0.8-1.4 s wait after such a cut (docs/bench.md, "P0 alone on
-        the real CPU vLLM"). The engine's own queueing, KV, preemptions and the TPOT
-        still cut. Without the classes in flight (no controller), as `sluice`."""
-        return self._classes is None or len(self.serving(now)) > 1
 
     def _tpot_too_slow(self, sample: Sample, now: float) -> bool:
         sent = sample.sent_at if sample.sent_at is not None else now
