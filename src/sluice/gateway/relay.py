@@ -230,8 +230,7 @@ class Relay:
             # nothing says the backend could still refuse it (core/early_head.py): the
             # client reads the head while the engine prefills, not on its first token
             response = await self._start(ctx, state, web.StreamResponse)
-        first = True
-        head = b""
+        head = b""  # the first event, once it came (never empty: an event ends in \n\n)
         # What the first token's event contains (b"": the first event is it); None once
         # it was relayed.
         first_token: bytes | None = shape.first_token_marker or b""
@@ -245,8 +244,7 @@ class Relay:
                     pending = chunk
                     continue
                 chunk, pending = chunk[: end + 2], chunk[end + 2 :]
-            if first:
-                first = False
+            if not head:
                 if chunk.startswith(shape.refusal_prefix):
                     # vLLM's own admission control answers a stream with HTTP 200 and an
                     # error event: that is an overload signal, not a success to relay.
@@ -254,11 +252,11 @@ class Relay:
                     if response is None:
                         return _overloaded(ctx, self.error_details, _error_message(chunk))
                     # the head went out: the route's error event, as the engine's own
-                    errors = ctx.route.errors
                     message = _overloaded_message(ctx, self.error_details, _error_message(chunk))
-                    status = errors.overloaded_status
-                    code = "backend_overloaded"
-                    return await self._fail(ctx, state, status, message, code, Outcome.OVERLOADED)
+                    status = ctx.route.errors.overloaded_status
+                    return await self._fail(
+                        ctx, state, status, message, "backend_overloaded", Outcome.OVERLOADED
+                    )
                 head = chunk
                 if response is None:
                     response = await self._start(ctx, state, _EventStream)
@@ -273,7 +271,7 @@ class Relay:
                 first_token = None
                 continue
             await _client(state, response.write(chunk))
-        if response is None or first:
+        if response is None or not head:
             raise aiohttp.ClientPayloadError("the backend closed the stream without an event")
         if pending:
             await _client(state, response.write(pending))
