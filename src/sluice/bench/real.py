@@ -58,6 +58,7 @@ from sluice.bench.prom_text import first, series
 from sluice.bench.returns import note_refusal
 from sluice.bench.runner import arrivals_per_s, make_plan
 from sluice.bench.scenario import CLASSES, Scenario
+from sluice.bench.workload import ClientRequest
 from sluice.client.retry_after import parse_window
 from sluice.client.transport import BOOKING_HEADER
 from sluice.config import Policy
@@ -66,9 +67,26 @@ from sluice.core.snapshot import ControllerSnapshot
 SAMPLE_INTERVAL_S = 0.5
 START_TIMEOUT_S = 20.0
 LEAD_S = 0.5  # between "everything is up" and the first arrival
-RETURN_MARGIN_S = 15.0  # the drain covers the longest Retry-After and this much more
+RETURN_MARGIN_S = 15.0  # the drain covers the longest return (Retry-After and jitter) and this
 
 Progress = Callable[[str, float], None]
+
+
+def longest_return_wait(workload: list[ClientRequest], retry_after_s: float, arm: ArmSpec) -> float:
+    """The longest a client told `retry_after_s` waits before it comes back (`retry_delay`):
+    the Retry-After times 1 + its jitter's spread, or plus its return window (at most 1 s)
+    when it was given one. 0 when no client follows such an answer."""
+    longest = 0.0
+    for req in workload:
+        r = req.retry if arm.client_retry is None else arm.client_retry
+        if r.max_attempts < 2 or not r.follow_retry_after:
+            continue
+        if r.max_retry_after is not None and retry_after_s > r.max_retry_after:
+            continue
+        window = 1.0 if r.spread > 0 else 0.0
+        longest = max(longest, retry_after_s * (1.0 + r.spread), retry_after_s + window)
+    return longest
+
 
 _PORT_LINE = re.compile(r"http://127\.0\.0\.1:(\d+)")
 _PROFILE_FLAGS = {
@@ -724,7 +742,8 @@ def _run_one_arm(
             # long enough for a client told the longest Retry-After near the end of the
             # arrivals to come back and be served: a shorter run would count it as never
             # served whatever the rule (the run still ends once every request has)
-            drain = max(drain, arm.policy.pressure.max_retry_after + RETURN_MARGIN_S)
+            longest = longest_return_wait(workload, arm.policy.pressure.max_retry_after, arm)
+            drain = max(drain, longest + RETURN_MARGIN_S)
         pids = {"sims": [p.popen.pid for p in sims]}
         if gateway is not None:
             pids["gateway"] = [gateway.popen.pid]
