@@ -352,6 +352,17 @@ class RedisPolicy(_Model):
     url: str
 
 
+class FleetPolicy(_Model):
+    """The gateway processes in front of these backends, when the operator knows them."""
+
+    # How many gateway replicas (pods, hosts: each one `sluice serve`, whatever its
+    # --workers) send to these backends. Each process then claims 1 / (gateways x
+    # workers) of every backend's KV room from its first request, instead of starting at
+    # 1/16 and learning its part from the scrapes (docs/limiter.md, "Shared backends").
+    # With `redis:`, Redis's count of the live processes replaces it. None: learned.
+    gateways: int | None = Field(default=None, ge=1)
+
+
 class ExposePolicy(_Model):
     """What a client without the admin key may learn of the gateway's insides."""
 
@@ -379,6 +390,7 @@ class Policy(_Model):
     server: ServerPolicy = ServerPolicy()
     breakers: BreakerPolicy = BreakerPolicy()
     redis: RedisPolicy | None = None
+    fleet: FleetPolicy = FleetPolicy()
     expose: ExposePolicy = ExposePolicy()
     # A policy under which no client (`tenants`) or no admin (`admin`) can get in is
     # refused (at start, by check-config, on reload) unless it is listed here.

@@ -100,6 +100,16 @@ def test_a_known_count_of_processes_is_the_share() -> None:
     assert f.value == 1.0
 
 
+def test_a_withdrawn_count_leaves_the_share_to_the_scrapes_again() -> None:
+    f = FleetShare()
+    f.expect_peers(1)  # the policy said: one gateway
+    assert f.value == 1.0 and not f.fresh
+    f.expect_peers(None)  # a reload dropped `fleet.gateways`
+    assert f.fresh and f.prior == 1 / 16 and f.value == 1 / 16
+    f.observe(2, 0, 4.0, 0.0)  # half of what the backend shows is ours
+    assert f.value == pytest.approx((2 + 1 / 16 * 4) / (4 + 4))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -983,11 +983,12 @@ class Controller:
         rest is other replicas'), and our part of the fleet's claim on what is left."""
         b.limiter.on_fleet(float(b.inflight_tokens), self._fleet.value, self._fleet.fresh)
 
-    def expect_peers(self, processes: int) -> None:
-        """`processes` gateway processes are alive (`--workers`, Redis's count): this
-        one's part of the fleet is 1/processes (core/fleet_share.py)."""
+    def expect_peers(self, processes: int | None) -> None:
+        """`processes` gateway processes are alive (`--workers`, the policy's
+        `fleet.gateways`, Redis's count): this one's part of the fleet is 1/processes
+        (core/fleet_share.py); None: not known, learned from the scrapes."""
         self._fleet.expect_peers(processes)
-        self._dispatcher.peers_known = processes > 1
+        self._dispatcher.peers_known = processes is not None and processes > 1
 
     def state_of(self, request_id: str) -> RequestState:
         rec = self._records.get(request_id)

@@ -11,9 +11,10 @@ replicas claim it once between them, also on a backend that is idle, where a scr
 nobody (the burst-start overshoot: R idle replicas each sending a burst's first requests
 into the same idle backend).
 
-When the shell knows how many gateway processes are alive (`--workers N`; Redis's count
-of the processes sharing the quotas, gateway/shared_quota.py) the share is 1/N: the
-replicas' claims then add up to the room, whatever each holds.
+When the shell knows how many gateway processes are alive (`--workers N`, the policy's
+`fleet.gateways` times that; Redis's count of the processes sharing the quotas,
+gateway/shared_quota.py) the share is 1/N: the replicas' claims then add up to the room,
+whatever each holds.
 
 Else it is estimated, as the ratio of two sums over fresh scrapes of busy backends: our
 requests there (those in flight, at most what the scrape shows) and all requests it
@@ -58,6 +59,7 @@ class FleetShare:
     __slots__ = (
         "_at",
         "_kept",
+        "_learned_prior",
         "_on",
         "_others",
         "_own",
@@ -81,6 +83,7 @@ class FleetShare:
         if prior_weight <= 0 or tau_s <= 0 or max_gap_s < 0:
             raise ValueError("prior_weight and tau_s must be positive, max_gap_s >= 0")
         self.prior = prior
+        self._learned_prior = prior  # the prior again when a count is withdrawn
         self.prior_weight = prior_weight
         self.tau_s = tau_s
         self.max_gap_s = max_gap_s
@@ -133,9 +136,15 @@ class FleetShare:
         self._on += on_backend
         self._others += max(0.0, on_backend - inflight - left)
 
-    def expect_peers(self, processes: int) -> None:
-        """`processes` gateway processes are known to be alive (`--workers`, Redis's
-        count of them): the share is 1/processes, whatever the scrapes say."""
+    def expect_peers(self, processes: int | None) -> None:
+        """`processes` gateway processes are known to be alive (`--workers`, the policy's
+        `fleet.gateways`, Redis's count of them): the share is 1/processes, whatever the
+        scrapes say. None: no count any more (a reloaded policy dropped it); the share is
+        learned again, from the evidence kept."""
+        if processes is None:
+            self._processes = None
+            self.prior = self._learned_prior
+            return
         self._processes = max(1, processes)
         self.prior = 1.0 / self._processes
 

@@ -101,6 +101,8 @@ class Gateway:
             # a process that never saw Redis's count of the processes (it started while
             # Redis was lost) holds the part of the fleet it estimates, not every quota
             self.quota_gate.controller_quotas.fleet_share = self.controller.fleet_share
+        self.workers = 1  # the processes of this `sluice serve` (set_workers)
+        self._count_fleet()
         self.tokens = BookingTokens(booking_secret(policy.retry_after.secret_env), self.clock.now)
         self.keyring = KeyRing(policy)
         REDACTOR.set_secrets(policy_secrets(policy))
@@ -181,6 +183,22 @@ class Gateway:
         gc.collect()
         gc.freeze()
 
+    def set_workers(self, workers: int) -> None:
+        """This replica runs `workers` processes (`sluice serve --workers`)."""
+        self.workers = workers
+        self._count_fleet()
+
+    def _count_fleet(self) -> None:
+        """Tell the core how many gateway processes share the backends when that is
+        known: the policy's `fleet.gateways` times this replica's workers, or the workers
+        alone; else it learns its part from the scrapes (core/fleet_share.py). Redis's
+        count, once it has one, wins (it is live; it comes again at every heartbeat)."""
+        if self.quota_gate is not None and self.quota_gate.controller_quotas.processes:
+            return
+        gateways = self.policy.fleet.gateways
+        known = gateways is not None or self.workers > 1
+        self.controller.expect_peers((gateways or 1) * self.workers if known else None)
+
     def apply_policy(self, policy: Policy) -> None:
         """Hot reload: new queues, tenants, limits, features and backends take effect at
         once; queued and in-flight requests carry on."""
@@ -190,6 +208,7 @@ class Gateway:
         REDACTOR.set_secrets(policy_secrets(policy))
         self.policy = policy
         self.controller.apply_policy(policy.core_settings())
+        self._count_fleet()
         self.keyring = keyring
         self.features.apply(policy)  # breakers keep their state
         if self.pool is not None:

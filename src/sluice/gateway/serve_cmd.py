@@ -170,10 +170,9 @@ async def _serve(policy: Policy, args: argparse.Namespace) -> None:
                 )
     app = create_app(policy, args.config, override or None)
     gateway = app[GATEWAY_KEY]
-    if args.workers > 1:
-        # the workers share the backends: each claims 1/N of them (core/fleet_share.py;
-        # with Redis, its count of the live processes replaces N at each heartbeat)
-        gateway.controller.expect_peers(args.workers)
+    # the workers share the backends: each claims 1/N of them (core/fleet_share.py; with
+    # Redis, its count of the live processes replaces N at each heartbeat)
+    gateway.set_workers(args.workers)
     _check_descriptors(policy.server.max_connections)
     runner = GatewayRunner(
         app,
