@@ -124,7 +124,8 @@ async def _one_round(
     long_words: str,
 ) -> Round | None:
     """One measurement; None when the 20 streams never were in vLLM together (on a busy
-    machine some start late, and the first finish or are preempted before they all run)."""
+    machine some start late, and the first finish or are preempted before they all run),
+    or when some did not start at all."""
 
     async def in_engine() -> tuple[float, float, float]:
         """(poll start, poll end, running + waiting); no full parse of the ~56 KB page."""
@@ -142,13 +143,23 @@ async def _one_round(
             data=orjson.dumps(body),
             headers={**headers, "Content-Type": "application/json"},
         )
-        assert r.status == 200
-        await r.content.readline()  # its first event: the stream is on its way
+        if r.status == 200:
+            await r.content.readline()  # its first event: the stream is on its way
         return r
 
     wait_idle(vllm)
     counted_before = _aborts_counted(gw, route)
     streams = await asyncio.gather(*(open_stream() for _ in range(STREAMS)))
+    failed = [(r.status, (await r.read())[:200]) for r in streams if r.status != 200]
+    if failed:
+        # vLLM's API server, busy streaming the first ones on 2 cores, can leave the
+        # others unanswered for seconds (seen on this VM: no head within the deadline,
+        # or the connection closed twice, 504 or 502 through the gateway, at 88bbcd7 as
+        # now): a start that failed is not what this test measures
+        print(f"\n{len(failed)} of the {STREAMS} streams did not start: {failed[:2]}")
+        for r in streams:
+            r.close()
+        return None
     ids = [r.headers["X-Request-Id"] for r in streams]
     deadline = time.monotonic() + SETUP_S
     while (count := (await in_engine())[2]) != STREAMS:
@@ -202,7 +213,8 @@ async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer, rou
     them 100 ms later. A round proves it when a poll that read 0 ended within 100 ms of the
     closes, and disproves it when a poll that began after 100 ms still read some; when
     vLLM's /metrics answered too slowly to tell either way (one poll can take 50-100 ms on
-    a busy 2-core machine), when the 20 streams were never in vLLM together, or when the
+    a busy 2-core machine), when the 20 streams were never in vLLM together (or some did
+    not start: vLLM's API server, busy with the first, had not read them), or when the
     machine stopped running this test for over 100 ms while it measured (machine_stalls.py),
     the round is run again: ROUNDS rounds at most."""
     gw = start_gateway([vllm.url], POLICY)
@@ -215,7 +227,7 @@ async def test_twenty_client_closes_free_vllm_within_100ms(vllm: VllmServer, rou
                 with MachineStalls() as stalls:
                     r = await _one_round(s, vllm, gw, rng, stalls, route, long_words)
                 if r is None:
-                    print("\nthe 20 streams were never in vLLM together: once more")
+                    print("the 20 streams were never in vLLM together: once more")
                     continue
                 if r.stalled_s > 0:
                     print(

@@ -182,8 +182,13 @@ async def test_gateway_reads_vllm_metrics_under_their_real_names(vllm: VllmServe
                 # once: the longest wait below outlasts some of the streams)
                 opened = await gateway_view()
                 inflight = opened['sluice_backend_inflight{backend="backend-0"}']
-                assert inflight == STREAMS, (
+                # (on a busy 2-core VM vLLM may finish the first before it starts the last)
+                ended = opened.get(
+                    'sluice_requests_total{outcome="ok",priority="1",route="completions"}', 0.0
+                )
+                assert inflight + ended == STREAMS and inflight >= STREAMS / 2, (
                     inflight,
+                    ended,
                     [line[:120] for line in first_lines if b'"text"' not in line],
                     "\n".join(gateway.output[-40:]),
                 )
