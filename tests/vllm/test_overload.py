@@ -128,11 +128,17 @@ async def _hold(
             continue
         for _ in range(int(n - now)):
             body = completion_body(vllm.model, token_prompt(rng, 16), 2000)
-            r = await session.post(
-                vllm.url + "/v1/completions",
-                data=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
-            )
+            try:
+                r = await session.post(
+                    vllm.url + "/v1/completions",
+                    data=orjson.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                )
+            except aiohttp.ClientOSError:
+                # a kept-alive connection vLLM closed as the request went out on it (after
+                # a machine stall, its keep-alive timer can beat ours): nothing was sent,
+                # the loop counts again and sends what is missing
+                break
             if r.status == 503:  # earlier requests are still being aborted
                 r.close()
                 break
