@@ -62,6 +62,7 @@ from sluice.core.snapshot import (
     ControllerSnapshot,
     ReturnsSnapshot,
 )
+from sluice.core.stall_log import StallSource
 from sluice.core.token_cost import TokenCostModel, footprint_tokens
 from sluice.core.types import (
     SIGNALS,
@@ -206,13 +207,17 @@ class Controller:
         return_lead: float = 0.5,
         return_lead_max_s: float = 5.0,
         return_slots: Mapping[str, Any] | None = None,
+        stalls: StallSource | None = None,
     ) -> None:
-        """`limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
+        """`stalls` says when the host did not run the gateway (core/stall_log.py): that
+        time is taken out of the latency samples and first-token alarms.
+        `limiter_kwargs` maps an algorithm name to extra keyword arguments for it;
         `limiter_factory(context, policy.limiter, initial_limit)` replaces the built-in
         factory; `seed` makes each backend's probe jitter reproducible;
         `dispatch_on_arrival=False` makes `arrive` only queue (the behaviour the short cut
         reproduces: the tests compare the two)."""
         self._policy = policy
+        self._stalls = stalls
         self._clock = clock
         self._limiter_kwargs = {k: dict(v) for k, v in (limiter_kwargs or {}).items()}
         self._limiter_factory = limiter_factory
@@ -250,7 +255,8 @@ class Controller:
         # dispatched by arrive(), for the next step() to report (unless cancelled by then)
         self._ready: list[tuple[RequestRecord, Assignment]] = []
         self._dispatch_on_arrival = dispatch_on_arrival
-        self._alarms: list[tuple[float, int, str]] = []  # (due, seq, id): overdue TTFT
+        # (due, seq, id, after): a first token overdue `after` s from its dispatch
+        self._alarms: list[tuple[float, int, str, float]] = []
         self._seq = 0
         self._counters = [ClassCounters() for _ in PRIORITIES]
         self._no_backend_retry_s = no_backend_retry_s
@@ -735,7 +741,7 @@ class Controller:
         """The alarm that feeds the limiter if the first token is overdue."""
         alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
         if alarm is not None:
-            heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id))
+            heapq.heappush(self._alarms, (now + alarm, rec.seq, rec.request_id, alarm))
 
     def _wakeup(self, slacks: list[float]) -> float | None:
         at: float | None = None
@@ -785,7 +791,7 @@ class Controller:
             )
         )
 
-    def _alarm_live(self, alarm: tuple[float, int, str]) -> bool:
+    def _alarm_live(self, alarm: tuple[float, int, str, float]) -> bool:
         rec = self._records.get(alarm[2])
         return (
             rec is not None
@@ -803,9 +809,20 @@ class Controller:
             rec = self._records[alarm[2]]
             b = rec.backend
             assert b is not None and rec.dispatched_at is not None
+            waited = now - rec.dispatched_at
+            if self._stalls is not None:
+                stalled = self._stalls.stalled(rec.dispatched_at, now)
+                if stalled > 0:
+                    # the host stopped while it waited: the alarm is due once the engine
+                    # has had its whole time
+                    waited -= stalled
+                    left = alarm[3] - waited
+                    if left > 1e-6:  # (not a rounding error's worth)
+                        heapq.heappush(alarms, (now + left, *alarm[1:]))
+                        continue
             b.limiter.on_sample(
                 Sample(
-                    ttft_s=now - rec.dispatched_at,
+                    ttft_s=waited,
                     prompt_tokens=round(rec.prompt_est),
                     inflight=rec.inflight_at_send,
                     sent_at=rec.dispatched_at,
@@ -867,6 +884,8 @@ class Controller:
         self._dispatcher.prefilled(rec)
         rec.first_token_at = now
         ttft = now - rec.dispatched_at
+        if self._stalls is not None:
+            ttft -= self._stalls.stalled(rec.dispatched_at, now)
         self._ttft.update(ttft)
         b = rec.backend
         b.limiter.on_sample(
@@ -926,6 +945,10 @@ class Controller:
             return  # no latency signal
         e2e = now - rec.dispatched_at
         ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
+        if self._stalls is not None:
+            e2e -= self._stalls.stalled(rec.dispatched_at, now)
+            if ttft is not None:
+                ttft -= self._stalls.stalled(rec.dispatched_at, rec.dispatched_at + ttft)
         if info.prefill_only:
             ttft = e2e  # its one step is its prefill: its whole time is its TTFT
         tpot = None

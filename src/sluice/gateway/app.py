@@ -40,6 +40,7 @@ from sluice.gateway.returns import BookingTokens, booking_secret
 from sluice.gateway.routes import PROXIED
 from sluice.gateway.shared_quota import SharedQuotaGate
 from sluice.gateway.stages.authenticate import unauthorized
+from sluice.gateway.stall_watch import StallWatch
 from sluice.gateway.telemetry import Telemetry
 
 log = logging.getLogger("sluice.gateway")
@@ -90,9 +91,13 @@ class Gateway:
         # and replicas sharing the backends draw past their claims independently and
         # break ties between backends in their own orders (core/dispatcher.py)
         process = f"{os.getpid():x}{secrets.token_hex(3)}"
+        # when the host does not run this process (core/stall_log.py); started with the
+        # server (start), so that a Gateway built for a test has no thread
+        self.stall_watch = StallWatch(on_stall=self.telemetry.stalls.inc)
         self.controller = Controller(
             settings,
             self.clock,
+            stalls=self.stall_watch,
             quotas=self.quota_gate.controller_quotas if self.quota_gate else None,
             return_slots={"id_prefix": f"{process}-"},
             seed=process,
@@ -131,6 +136,7 @@ class Gateway:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self, _app: web.Application | None = None) -> None:
+        self.stall_watch.start()
         # Idle upstream connections are closed after 4 s: before the backend's own keep-alive
         # timeout (vLLM's uvicorn: 5 s) can close one under a request being sent on it,
         # which would look like a backend that went away.
@@ -246,6 +252,7 @@ class Gateway:
             self._flusher.cancel()
         ACCESS_LOG.flush()
         self.telemetry.stop()
+        self.stall_watch.stop()
         if self.watcher is not None:
             await self.watcher.stop()
         self.bridge.close()

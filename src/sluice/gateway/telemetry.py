@@ -101,6 +101,12 @@ class Telemetry:
             ["backend", "kind"],
             registry=r,
         )
+        self.stalls = Counter(
+            "sluice_host_stall_seconds",
+            "Time the host did not run this gateway process at all (stalls of 50 ms or "
+            "more; taken out of the limiters' latency samples)",
+            registry=r,
+        )
         self.slow_clients = Counter(
             "sluice_slow_client_disconnects",
             "Connections closed because no complete request head arrived within "
