@@ -327,6 +327,9 @@ def _print_limiters(url: str) -> None:
             f" x EWMA {lim.get('ttft_ratio_ewma')}, host factor {lim.get('host_factor')},"
             f" TTFT target {lim.get('ttft_target_s')}, TPOT p95 {lim.get('tpot_p95_s')}"
         )
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    stalled = re.search(r"^sluice_host_stall_seconds_total (\S+)$", metrics, re.M)
+    print(f"  the host stopped running the gateway for {stalled and stalled.group(1)} s in all")
 
 
 async def _serving(url: str, model: str, embed_model: str) -> None:
