@@ -29,7 +29,7 @@ import openai
 import orjson
 import pytest
 from conftest import wait_idle
-from gateway_proc import GatewayProcess, start_gateway
+from gateway_proc import EXAMPLE_POLICY, GatewayProcess, start_gateway
 from loadgen import client_session
 from vllm_server import VllmServer
 
@@ -334,31 +334,27 @@ def _print_limiters(url: str) -> None:
 
 async def _serving(url: str, model: str, embed_model: str) -> None:
     """Make the gateway at `url` one that has been serving: one request per route, so that
-    its cost model has read each model's real prompt and answer lengths from their usage;
-    then short streams four at a time until its scrapes have shown it alone on its
-    backends (a fresh gateway claims 1/16 of a backend's KV until then, as one of a fleet
-    it cannot rule out: core/fleet_share.py), within 30 s."""
-    admin = {"Authorization": "Bearer sk-demo-admin"}
+    its cost model has read each model's real prompt and answer lengths from their usage.
+    (It is told it is the only gateway, `fleet: {gateways: 1}`, so it claims the engines'
+    whole KV at once; a gateway that must learn it claims 1/16 until its scrapes show it
+    alone, which a stalling VM kept from happening within 30 s in one run.)"""
     async with aiohttp.ClientSession() as s:
         for route, _ in MIX:
             path, body = _request(route, model, embed_model, random.Random(0))
             async with s.post(url + path, json=body, headers=_auth(route, 0)) as r:
                 assert r.status == 200, await r.text()
                 await r.read()  # the whole stream: its usage
-        path, body = _request("chat", model, embed_model, random.Random(1))
-        deadline = time.monotonic() + 30
+        async with s.get(
+            url + "/admin/state", headers={"Authorization": "Bearer sk-demo-admin"}
+        ) as r:
+            fleet = (await r.json())["controller"]["fleet"]
+        assert (fleet["share"], fleet["processes"]) == (1.0, 1), fleet
 
-        async def one() -> None:
-            async with s.post(url + path, json=body, headers=_auth("chat", 0)) as r:
-                await r.read()
 
-        while True:
-            async with s.get(url + "/admin/state", headers=admin) as r:
-                fleet = (await r.json())["controller"]["fleet"]
-            if fleet["share"] >= 1.0:
-                return
-            assert time.monotonic() < deadline, fleet
-            await asyncio.gather(*(one() for _ in range(4)))
+# The example policy, and the one thing the test knows that the gateway could not: it is
+# the only gateway in front of these engines (docs/operations.md, "Replicas").
+with open(EXAMPLE_POLICY, encoding="utf-8") as _f:
+    ALONE_POLICY = _f.read() + "\nfleet:\n  gateways: 1\n"
 
 
 @pytest.mark.timeout(360, func_only=True)  # two floods, each drained (the suite's 120 s is one)
@@ -373,7 +369,7 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
     assert direct_preemptions > 0, "the flood did not overload vLLM: the test proves nothing"
 
     wait_idle(vllm)
-    gw = start_gateway([vllm.url, vllm_pooling.url])
+    gw = start_gateway([vllm.url, vllm_pooling.url], ALONE_POLICY)
     try:
         await _serving(gw.url, vllm.model, vllm_pooling.model)
         before = vllm.metrics()["vllm:num_preemptions_total"]
