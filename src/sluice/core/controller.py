@@ -944,11 +944,12 @@ class Controller:
             self._dispatcher.refresh(b)
             return  # no latency signal
         e2e = now - rec.dispatched_at
-        ttft = None if rec.first_token_at is None else rec.first_token_at - rec.dispatched_at
+        first = rec.first_token_at
+        ttft = None if first is None else first - rec.dispatched_at
         if self._stalls is not None:
             e2e -= self._stalls.stalled(rec.dispatched_at, now)
-            if ttft is not None:
-                ttft -= self._stalls.stalled(rec.dispatched_at, rec.dispatched_at + ttft)
+            if first is not None:
+                ttft = first - rec.dispatched_at - self._stalls.stalled(rec.dispatched_at, first)
         if info.prefill_only:
             ttft = e2e  # its one step is its prefill: its whole time is its TTFT
         tpot = None
