@@ -302,11 +302,15 @@ def test_a_prefill_only_request_holds_kv_for_its_prompt_and_is_all_ttft() -> Non
     c.arrive(RequestInfo("g", "t", 0, "m", 300, 1024, first_token_visible=False))
     c.step()
     snap = c.snapshot().backends["b0"]
-    # the generation request adds half its max_tokens (nothing learned yet), the other none
-    assert snap.inflight_tokens == 300 + (300 + 512)
+    # the generation request adds half its max_tokens (nothing learned yet), the other none,
+    # and counts in the KV budget at its share of a two-step pipeline (prefill_pipeline)
+    assert snap.inflight_tokens == 150 + (300 + 512)
     clock.set(1.4)
     c.on_finish("e", Outcome.OK, prompt_tokens=300, completion_tokens=0)
-    ((sample, _),) = recs["b0"].samples
+    # its answer is its first token: a first-token sample, then the end's
+    (first, _), (sample, _) = recs["b0"].samples
+    assert first.ttft_s == pytest.approx(0.4) and first.e2e_s is None
+    assert first.prompt_tokens == 300 and first.prefill_ahead == 0.0
     assert sample.ttft_s == pytest.approx(0.4) and sample.e2e_s == pytest.approx(0.4)
     assert sample.tpot_s is None and sample.completion_tokens == 0
     # it taught no output length: the next generation request is still costed at half

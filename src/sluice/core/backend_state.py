@@ -36,6 +36,8 @@ class BackendState:
         "metrics_fresh",
         "models",
         "name",
+        "pipelined",
+        "pipelined_tokens",
         "prefill_budget",
         "prefill_tokens",
         "records",
@@ -63,6 +65,10 @@ class BackendState:
         # token the gateway sees: a non-streamed answer's prefill is not known to end)
         self.prefill_tokens = 0.0
         self.prefill_budget: float | None = limiter.prefill_budget_tokens
+        # prefill-only requests in flight as a pipeline (core/prefill_pipeline.py) and their
+        # prompt tokens: what the engine's queue and KV show of them by design
+        self.pipelined = 0
+        self.pipelined_tokens = 0.0
         self.limit = limiter.limit  # cached after every limiter call
         self.cap_low = -1  # slots P1/P2 may use (the dispatcher computes it)
         self.kv_budget: float | None = limiter.kv_budget_tokens

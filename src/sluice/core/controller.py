@@ -39,6 +39,7 @@ from sluice.core.drop_policy import admission_code, head_slack
 from sluice.core.ewma import Ewma
 from sluice.core.fleet_share import FleetShare
 from sluice.core.limiters import Limiter, LimiterContext, make_limiter
+from sluice.core.prefill_pipeline import engine_view
 from sluice.core.pressure import PressureInputs, backend_congestion, compute_pressure
 from sluice.core.quota import InProcessQuotas, TenantQuotas, settlement
 from sluice.core.request_record import RequestRecord, RequestState
@@ -346,8 +347,9 @@ class Controller:
         b.left = 0
         b.early_head.on_scrape(m.waiting, self._clock.now())
         self._tell_fleet(b)
-        self._set_congestion(b, backend_congestion(m.kv_usage, m.waiting))
-        b.limiter.on_metrics(m, self._clock.now())
+        view = _engine_view(b, m)
+        self._set_congestion(b, backend_congestion(view.kv_usage, view.waiting))
+        b.limiter.on_metrics(view, self._clock.now())
         self._dispatcher.refresh(b)
 
     def metrics_stale(self, backend: str) -> None:
@@ -461,7 +463,7 @@ class Controller:
             rec.returning = True
             rec.refused_at = claim.made
             self._returns[prio].returned_admitted += 1
-        cost.note_admitted(req.model, footprint)
+        cost.note_admitted(req.model, rec.kv_tokens)
         q0, q1, q2 = self._queues
         if (
             not (q0.by_arrival or q1.by_arrival or q2.by_arrival)
@@ -913,6 +915,13 @@ class Controller:
         rec = self._records.get(request_id)
         if rec is None or rec.state is not _INFLIGHT:
             return
+        if rec.pipelined and outcome is Outcome.OK:
+            # Its answer is its first token: the first-token signals (its TTFT against
+            # what the backend explains, the prefill rate and bound, the classes' TTFT
+            # objectives) hear of it as of a streamed request's, and steer the pipeline.
+            # Beside generation requests they steer by those requests' own (embeddings'
+            # samples grew the limit there, and P0 chat waited: `mixed-routes` P0 98 %).
+            self.on_first_token(request_id)
         del self._records[request_id]
         rec.state = RequestState.GONE
         now = self._clock.now()
@@ -1137,8 +1146,14 @@ class Controller:
                 b.limiter.on_release(b.inflight, now)
                 if b.metrics_fresh and b.last_metrics is not None:
                     self._tell_fleet(b)
-                    b.limiter.on_metrics(b.last_metrics, now)
+                    b.limiter.on_metrics(_engine_view(b, b.last_metrics), now)
                 d.refresh(b)
+
+
+def _engine_view(b: BackendState, m: BackendMetrics) -> BackendMetrics:
+    """The scrape without the queue places and KV our prefill-only requests' pipeline
+    takes there by design (core/prefill_pipeline.py)."""
+    return engine_view(m, b.pipelined, b.pipelined_tokens, b.kv_capacity)
 
 
 def _signals(m: BackendMetrics | None) -> tuple[str | None, dict[str, bool] | None]:

@@ -4,6 +4,11 @@ Rules (docs/overload.md):
   * Strict priority: P0's next request first, then P1's, then P2's. When a class's next
     request cannot be placed, lower classes may only use backends that do not serve its
     model (they would take what it is waiting for).
+  * Prefill-only requests (embeddings, rerank, score) sent to a backend with nothing but
+    prefill-only requests in flight count against its KV at their share of a two-step
+    pipeline (core/prefill_pipeline.py): the engine computes one step's worth while the
+    next waits for the blocks it frees. Beside generation requests they count whole: their
+    prefill shares the steps that decode and prefill the others' first tokens.
   * Reserved P0 slots: P1 and P2 may fill a backend only up to
     cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
     (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget. What the
@@ -86,6 +91,7 @@ from collections.abc import Sequence
 from sluice.core.backend_state import BackendState
 from sluice.core.class_queue import ClassQueue
 from sluice.core.kv_projection import projected_peak
+from sluice.core.prefill_pipeline import kv_charge
 from sluice.core.request_record import RequestRecord
 
 # P1/P2 take a request past their claim on a shared backend with this part of the odds:
@@ -204,7 +210,7 @@ class Dispatcher:
                 continue
             shared = b.kv_shared
             budget = b.kv_budget if shared is None else shared.full_tokens
-            if budget is None or rec.cost <= budget * share:
+            if budget is None or rec.kv_tokens <= budget * share:  # (its least)
                 return False
             found = True
         return found
@@ -270,16 +276,21 @@ class Dispatcher:
     # -- accounting --------------------------------------------------------------------
 
     def assign(self, rec: RequestRecord, b: BackendState, now: float) -> None:
+        rec.pipelined = pipelined = _pipelines(rec, b)  # as `place` judged it
+        rec.kv_tokens = kv_charge(rec.cost, pipelined)
         b.inflight += 1
         b.inflight_by_class[rec.priority] += 1
-        b.inflight_tokens += rec.cost
+        b.inflight_tokens += rec.kv_tokens
         b.records[rec.request_id] = rec
-        b.kv_peak += rec.cost
+        b.kv_peak += rec.kv_tokens
+        if pipelined:
+            b.pipelined += 1
+            b.pipelined_tokens += rec.prompt_est
         rec.backend = b
         rec.prefill_ahead = b.prefill_tokens
-        if rec.info.first_token_visible:
+        if rec.info.first_token_visible or rec.info.prefill_only:  # its end is its prefill's
             b.prefill_tokens += rec.prompt_est
-        b.limiter.on_dispatch(b.inflight, rec.cost, now)
+        b.limiter.on_dispatch(b.inflight, rec.kv_tokens, now)
         self.refresh(b)
 
     def release(self, rec: RequestRecord, now: float, *, refresh: bool = True) -> None:
@@ -290,14 +301,17 @@ class Dispatcher:
             return
         b.inflight -= 1
         b.inflight_by_class[rec.priority] -= 1
-        b.inflight_tokens -= rec.cost
+        b.inflight_tokens -= rec.kv_tokens
         del b.records[rec.request_id]
+        if rec.pipelined:
+            b.pipelined -= 1
+            b.pipelined_tokens = max(0.0, b.pipelined_tokens - rec.prompt_est)
         b.kv_peak_stale = True
         b.left += 1
-        if rec.first_token_at is None and rec.info.first_token_visible:
+        if rec.first_token_at is None and (rec.info.first_token_visible or rec.info.prefill_only):
             self.prefilled(rec)
         if b.inflight == 0:
-            b.prefill_tokens = 0.0  # no float drift left behind
+            b.prefill_tokens = b.pipelined_tokens = 0.0  # no float drift left behind
         b.limiter.on_release(b.inflight, now)
         if refresh:
             self.refresh(b)
@@ -330,7 +344,7 @@ class Dispatcher:
                 continue  # shared, and its room unknown until our first scrape of it
             if b.kv_peak_stale and b.kv_shared is None and b.kv_budget is not None:
                 self._project(b)  # only a lone backend's budget counts the projection
-            if not _kv_fits(b, rec.cost, share, full_rights):
+            if not _kv_fits(b, kv_charge(rec.cost, _pipelines(rec, b)), share, full_rights):
                 continue
             if not _prefill_fits(b, rec.prompt_est):
                 continue
@@ -348,6 +362,9 @@ class Dispatcher:
         held_ahead = []
         for r in b.records.values():
             out = r.cost - r.prompt_est
+            if r.info.prefill_only:  # done in its step: its pipeline share, nothing ahead
+                held_ahead.append((float(r.kv_tokens), 0.0))
+                continue
             done = 0.0
             if tpot and r.first_token_at is not None:
                 done = min(out, (now - r.first_token_at) / tpot)
@@ -496,6 +513,13 @@ def _serves(b: BackendState, model: str, blocked_models: set[str] | None) -> boo
     if model not in models:
         return False
     return not blocked_models or models.isdisjoint(blocked_models)
+
+
+def _pipelines(rec: RequestRecord, b: BackendState) -> bool:
+    """A prefill-only request goes to the backend as part of a pipeline (counted at its
+    share of one, core/prefill_pipeline.py) while nothing but such a pipeline is in flight
+    there: the engine then runs nothing its prefill would hold up."""
+    return rec.info.prefill_only and b.inflight == b.pipelined
 
 
 def _kv_fits(b: BackendState, cost: int, share: float, full_rights: bool) -> bool:

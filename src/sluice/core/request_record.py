@@ -7,6 +7,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
+from sluice.core.prefill_pipeline import kv_charge
 from sluice.core.types import RequestInfo
 
 if TYPE_CHECKING:
@@ -31,8 +32,10 @@ class RequestRecord:
         "held_since",
         "inflight_at_send",
         "info",
+        "kv_tokens",
         "model",
         "pinned",
+        "pipelined",
         "prefill_ahead",
         "priority",
         "prompt_est",
@@ -70,6 +73,12 @@ class RequestRecord:
         self.prompt_est = prompt_est  # corrected prompt-token estimate
         self.expected_output = expected_output
         self.cost = cost  # estimated KV footprint in tokens: prompt + expected output
+        # What it counts for in its backend's KV budget, set when it is sent there
+        # (core/dispatcher.py, `_pipelines`); until then the least it may count for (a
+        # prefill-only request's share of a two-step pipeline: core/prefill_pipeline.py),
+        # and whether it went as part of such a pipeline.
+        self.kv_tokens = kv_charge(cost, info.prefill_only)
+        self.pipelined = False
         self.quota_tokens = cost  # what the tenant's token quota was charged
         self.quota_outage = 0  # admitted locally while the shared quotas were lost: which loss
         self.state = RequestState.QUEUED
