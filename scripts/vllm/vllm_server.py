@@ -105,9 +105,21 @@ class VllmServer:
         self.stop()
 
 
-def vllm_env(cache: Path) -> dict[str, str]:
+def last_cpu() -> str:
+    """The last CPU this process may run on: where vLLM's automatic binding leaves none of
+    its engine's threads (it keeps it for the API server and the scheduler)."""
+    return str(max(os.sched_getaffinity(0)))
+
+
+def vllm_env(cache: Path, cpus: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override --kv-cache-memory-bytes
+    if cpus is not None:
+        # The engine's OpenMP threads on these CPUs (vllm/utils/ompmultiprocessing.py,
+        # 0.32). By default a CPU engine binds them to all CPUs but the last: two engines
+        # started so on a 2-core machine both compute on CPU 0, each stalling the other
+        # for seconds, which no deployment of two engines (two devices) sees.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     env.update(
         # vLLM's compile cache beside the venv it belongs to (a first start fills it)
         VLLM_CACHE_ROOT=str(cache / "vllm-cache"),
@@ -130,9 +142,13 @@ def start_vllm(
     max_model_len: int = MAX_MODEL_LEN,
     timeout: float = START_TIMEOUT_S,
     log_path: Path | None = None,
+    cpus: str | None = None,
+    nice: int = 0,
 ) -> VllmServer:
-    """Start vLLM on 127.0.0.1 and wait until /health answers 200. Raises RuntimeError
-    with the log's tail if it exits or does not become healthy within `timeout`."""
+    """Start vLLM on 127.0.0.1 and wait until /health answers 200 (its engine's threads on
+    `cpus`, a list such as "1" or "0-3", when given; at niceness `nice`). Raises
+    RuntimeError with the log's tail if it exits or does not become healthy within
+    `timeout`."""
     port = port or free_port()
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="sluice-vllm-", suffix=".log")
@@ -149,6 +165,8 @@ def start_vllm(
         *extra,
     ]  # fmt: skip
     cmd = [str(cache / "venv" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]  # (nice execs: the pid stays vLLM's)
     started = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -156,7 +174,7 @@ def start_vllm(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=vllm_env(cache),
+            env=vllm_env(cache, cpus),
             start_new_session=True,
         )
     server = VllmServer(proc, f"http://127.0.0.1:{port}", MODEL_NAME, log_path, args)
@@ -184,6 +202,14 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--kv-cache-bytes", type=int, default=KV_CACHE_BYTES)
+    parser.add_argument(
+        "--cpus",
+        help="the CPUs its engine computes on (VLLM_CPU_OMP_THREADS_BIND); 'last' for the "
+        "last one, where a second engine beside another does not share the first's",
+    )
+    parser.add_argument(
+        "--nice", type=int, default=0, help="its niceness (the test suite's engines: 10)"
+    )
     parser.add_argument("extra", nargs="*", help="more vLLM arguments, after --")
     args = parser.parse_args(argv)
     # SIGTERM, and SIGINT even where a shell started us in the background with it ignored,
@@ -191,7 +217,15 @@ def main(argv: Sequence[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sys.exit(0))
     cache = ensure_built()
-    server = start_vllm(cache, *args.extra, port=args.port, kv_cache_bytes=args.kv_cache_bytes)
+    cpus = last_cpu() if args.cpus == "last" else args.cpus
+    server = start_vllm(
+        cache,
+        *args.extra,
+        port=args.port,
+        kv_cache_bytes=args.kv_cache_bytes,
+        cpus=cpus,
+        nice=args.nice,
+    )
     print(
         f"vLLM serving {server.model!r} on {server.url} (ready in {server.started_in_s:.0f} s, "
         f"log {server.log_path}); Ctrl-C stops it",

@@ -33,6 +33,7 @@ from vllm_server import (  # noqa: E402
     MODEL_NAME,
     VllmServer,
     ensure_built,
+    last_cpu,
     start_vllm,
 )
 
@@ -40,6 +41,11 @@ from vllm_server import (  # noqa: E402
 # only the admission test (which fills it on purpose) meets it.
 MAX_NUM_QUEUED_REQS = 48
 TEST_TIMEOUT_S = 120
+# The engines yield the CPU to the gateway and the clients: on this 2-core machine they
+# share it with both, where a deployment gives each engine a device and the gateway a CPU
+# of its own. At niceness 0 their spinning OpenMP threads held the gateway off the CPU for
+# 10-13 s of a 20 s flood (its stall watch); at 10, 6-7 s. Both arms run against them.
+ENGINE_NICE = 10
 _RUNNING = re.compile(rb"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
 _WAITING = re.compile(rb"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
 
@@ -57,13 +63,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def vllm() -> Iterator[VllmServer]:
     external = os.environ.get("SLUICE_VLLM_URL")
     if external:
-        # A vLLM already running, e.g. `python scripts/vllm/vllm_server.py --port 8001 --
-        # --max-num-queued-reqs 48`, to iterate on the tests without restarting it.
+        # A vLLM already running, e.g. `python scripts/vllm/vllm_server.py --port 8001
+        # --nice 10 -- --max-num-queued-reqs 48`, to iterate on the tests without
+        # restarting it.
         yield VllmServer(None, external.rstrip("/"), MODEL_NAME, Path("/dev/null"))
         return
     cache = ensure_built()
     log = Path(os.environ.get("SLUICE_VLLM_LOG", "/tmp/sluice-test-vllm.log"))
-    server = start_vllm(cache, "--max-num-queued-reqs", str(MAX_NUM_QUEUED_REQS), log_path=log)
+    server = start_vllm(
+        cache, "--max-num-queued-reqs", str(MAX_NUM_QUEUED_REQS), log_path=log, nice=ENGINE_NICE
+    )
     print(f"\nvLLM ready in {server.started_in_s:.0f} s on {server.url} (log {log})")
     try:
         yield server
@@ -93,6 +102,10 @@ def vllm_pooling() -> Iterator[VllmServer]:
         "--convert", "embed",
         "--served-model-name", EMBED_MODEL,
         log_path=log,
+        # on the CPU the chat engine leaves free: two engines computing on one CPU stall
+        # each other for seconds (scripts/vllm/vllm_server.py, `vllm_env`)
+        cpus=last_cpu(),
+        nice=ENGINE_NICE,
     )  # fmt: skip
     server.model = EMBED_MODEL
     print(f"\npooling vLLM ready in {server.started_in_s:.0f} s on {server.url} (log {log})")
