@@ -15,8 +15,11 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 from sluice.bench.prom_text import parse_metrics
 
@@ -24,6 +27,14 @@ _READY = re.compile(r"Sluice listening on (http://\S+)")
 _SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXAMPLE_POLICY = os.path.join(REPO, "examples", "policy.yaml")
+
+
+async def controller_state(
+    s: aiohttp.ClientSession, url: str, admin_key: str = "sk-demo-admin"
+) -> dict[str, Any]:
+    """The controller's part of the gateway's `/admin/state`."""
+    async with s.get(url + "/admin/state", headers={"Authorization": f"Bearer {admin_key}"}) as r:
+        return orjson.loads(await r.read())["controller"]  # type: ignore[no-any-return]
 
 
 @dataclass

@@ -15,10 +15,9 @@ import time
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 from conftest import SimFactory
-from gateway_proc import start_gateway
+from gateway_proc import controller_state, start_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +27,7 @@ tenants:
 admin: {apiKeys: [sk-demo-admin]}
 server: {shutdownGrace: 1s}
 """
-ADMIN = {"Authorization": "Bearer sk-demo-admin"}
 STREAMS = 6
-
-
-async def _state(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with s.get(url + "/admin/state", headers=ADMIN) as r:
-        return orjson.loads(await r.read())["controller"]  # type: ignore[no-any-return]
 
 
 async def _burst_into_a_fresh_gateway(url: str) -> tuple[dict[str, Any], int, int]:
@@ -55,11 +48,11 @@ async def _burst_into_a_fresh_gateway(url: str) -> tuple[dict[str, Any], int, in
             return r.status
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-        before = await _state(s, url)
+        before = await controller_state(s, url)
         tasks = [asyncio.ensure_future(stream(s)) for _ in range(STREAMS)]
         deadline = time.monotonic() + 10
         while True:  # until every stream is at the gateway, in flight or queued
-            state = await _state(s, url)
+            state = await controller_state(s, url)
             inflight = state["backends"]["backend-0"]["inflight"]
             queued = state["classes"]["P1"]["queued"]
             if inflight + queued == STREAMS:

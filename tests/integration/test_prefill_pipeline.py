@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 from conftest import SimFactory
-from gateway_proc import start_gateway
+from gateway_proc import controller_state, start_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -29,20 +27,8 @@ admin: {apiKeys: [sk-demo-admin]}
 server: {shutdownGrace: 1s}
 fleet: {gateways: 1}
 """
-ADMIN = {"Authorization": "Bearer sk-demo-admin"}
 EMBEDDINGS = 8
 PROMPT = 1000
-
-
-async def _state(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with s.get(url + "/admin/state", headers=ADMIN) as r:
-        return orjson.loads(await r.read())["controller"]  # type: ignore[no-any-return]
-
-
-async def _metric(s: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with s.get(url + "/metrics") as r:
-        text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def test_a_pooling_engine_gets_two_steps_of_embeddings_at_once(
@@ -63,7 +49,7 @@ async def test_a_pooling_engine_gets_two_steps_of_embeddings_at_once(
             tasks = [asyncio.ensure_future(embed(s)) for _ in range(EMBEDDINGS)]
             deadline = time.monotonic() + 10
             while True:  # until every request is at the gateway, in flight or queued
-                state = await _state(s, gw.url)
+                state = await controller_state(s, gw.url)
                 backend = state["backends"]["backend-0"]
                 queued = state["classes"]["P0"]["queued"]
                 if backend["inflight"] + queued == EMBEDDINGS:
@@ -71,10 +57,9 @@ async def test_a_pooling_engine_gets_two_steps_of_embeddings_at_once(
                 assert time.monotonic() < deadline, state
                 await asyncio.sleep(0.005)
             assert await asyncio.gather(*tasks) == [200] * EMBEDDINGS
-            preempted = await _metric(s, sim.url, "vllm:num_preemptions_total")
     finally:
         await asyncio.to_thread(gw.stop)
     # 6 x 500 of the budget's 3,276.8 tokens; counted whole it would have been 3 x 1,000
     assert (backend["inflight"], queued) == (6, 2), backend
     assert backend["inflight_tokens"] == 6 * PROMPT // 2
-    assert preempted == 0
+    assert sim.metrics()["vllm:num_preemptions_total"] == 0
