@@ -9,6 +9,7 @@ import pytest
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
+from sluice.core.kv_budget import KvBudget
 from sluice.core.prefill_pipeline import PIPELINE_STEPS, engine_view, kv_charge
 from sluice.core.types import BackendMetrics, Outcome, RequestInfo
 
@@ -122,3 +123,18 @@ def test_beside_a_generation_request_a_prefill_only_one_counts_whole() -> None:
     # whole: two embeddings of 1,000 beside it fill the budget of 3,276.8 (3,000)
     assert b.inflight == 3 and b.inflight_tokens == 3000
     assert [r.kv_tokens for r in b.records.values()] == [1000, 1000, 1000]
+
+
+def test_the_fleets_shared_room_reads_the_engine_as_scraped() -> None:
+    """Replicas share the backend: the others' part is the engine's count and KV less ours,
+    so what the view set aside as ours goes back in before ours are taken out."""
+    raw = BackendMetrics(at=1.0, running=3, waiting=3, kv_usage=0.6, **CACHE)
+    view = engine_view(raw, 2, 1000.0, 4096.0)
+    assert (view.waiting, view.set_aside_waiting) == (1, 2)
+    rooms = []
+    for m in (raw, view):
+        kv = KvBudget(seed=1)
+        kv.on_fleet(own_kv_tokens=500.0, share=0.5, share_fresh=True)
+        kv.on_metrics(m, inflight=2)
+        rooms.append((kv.tokens, kv.shared))
+    assert rooms[0] == rooms[1] and rooms[0][1] is not None

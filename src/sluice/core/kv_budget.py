@@ -202,7 +202,10 @@ class KvBudget:
         share = self.fleet_share
         if cap is None or m.kv_usage is None or m.running is None or share >= 1.0:
             return None
-        on_backend = m.running + (m.waiting or 0.0)
+        # the engine as scraped: our pipeline's queue places and KV are ours here (n, own)
+        waiting = (m.waiting or 0.0) + m.set_aside_waiting
+        kv_usage = m.kv_usage + m.set_aside_kv_usage
+        on_backend = m.running + waiting
         own = self.own_tokens
         # The footprint of a request: ours in flight, those we sent lately, those being
         # admitted; the largest (a replica holding one short request would count the
@@ -218,7 +221,7 @@ class KvBudget:
         # The others' requests in footprints, as ours are counted (what they will hold
         # by their end, waiting ones included): by count at a request's footprint, and
         # at least the usage that is not ours.
-        others = max(0.0, (on_backend - n) * per_request, m.kv_usage * cap - own)
+        others = max(0.0, (on_backend - n) * per_request, kv_usage * cap - own)
         room = full - own - others
         # Our part of the claim on the room (negative: of the excess to give back): our
         # part of the requests there, shrunk toward our part of the fleet by
@@ -236,7 +239,7 @@ class KvBudget:
         # (what it takes past the room the others leave, they give back at their next
         # scrapes: the room there is negative).
         floor = share * full
-        idle = on_backend <= 0 and m.kv_usage <= 0
+        idle = on_backend <= 0 and kv_usage <= 0
         room_tokens = math.inf if idle else own + room
         first = idle and self.fleet_fresh
         return claim, SharedRoom(self._rng.random(), room_tokens, full, floor, first, per_request)

@@ -66,4 +66,10 @@ def engine_view(
     usage = m.kv_usage
     if usage is not None and capacity:
         usage = max(0.0, usage - pipelined_tokens / capacity)
-    return dataclasses.replace(m, waiting=waiting, kv_usage=usage)
+    return dataclasses.replace(
+        m,
+        waiting=waiting,
+        kv_usage=usage,
+        set_aside_waiting=(m.waiting or 0.0) - (waiting or 0.0),
+        set_aside_kv_usage=(m.kv_usage or 0.0) - (usage or 0.0),
+    )

@@ -149,6 +149,11 @@ class BackendMetrics:
     # Which of SIGNALS the engine exports (a latency histogram counts even when its window
     # had no sample); None: not said.
     signals: frozenset[str] | None = None
+    # What core/prefill_pipeline.py's `engine_view` took out of `waiting` and `kv_usage` as
+    # our own pipeline's (0: the scrape's own figures): the fleet's shared KV room, which
+    # counts our requests apart, adds it back.
+    set_aside_waiting: float = 0.0
+    set_aside_kv_usage: float = 0.0
 
     @property
     def kv_capacity(self) -> float | None:
