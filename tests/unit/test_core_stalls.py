@@ -8,7 +8,7 @@ import pytest
 from sluice.config import Policy
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.limiters import LimiterBase, LimiterContext
+from sluice.core.limiters import LimiterBase, LimiterContext, SluiceLimiter
 from sluice.core.settings import LimiterSettings
 from sluice.core.stall_log import StallLog
 from sluice.core.types import Outcome, RequestInfo, Sample
@@ -71,7 +71,9 @@ def test_a_stall_is_not_the_engines_time_to_first_token_nor_its_pace() -> None:
     c.on_finish("a", Outcome.OK, prompt_tokens=200, completion_tokens=11)
     (first, _), (end, _) = limiter.samples
     assert first.ttft_s == pytest.approx(0.15)  # 0.45 s seen, 0.3 s of it stalled
+    assert first.stalled_s == pytest.approx(0.3)  # said, for the floors (below)
     assert end.ttft_s == pytest.approx(0.15)
+    assert end.stalled_s == pytest.approx(1.3)
     assert end.e2e_s == pytest.approx(2.45 - 1.3)
     assert end.tpot_s == pytest.approx((1.15 - 0.15) / 10)
 
@@ -99,3 +101,22 @@ def test_without_stalls_the_samples_are_the_clocks() -> None:
     clock.set(0.3)
     c.on_first_token("a")
     assert limiter.samples[0][0].ttft_s == pytest.approx(0.3)
+    assert limiter.samples[0][0].stalled_s == 0.0
+
+
+def test_a_corrected_sample_counts_but_sets_no_floor() -> None:
+    """A stall correction can take more than the host's pause (the engine ran on while the
+    gateway waited for a CPU): first tokens of ~0 s, whose minimum became the TTFT base,
+    every later first token 100-1,000x "expected" and overdue. Corrected samples still
+    count as evidence (the TTFT ratio), but the floors learn from uncorrected ones."""
+    lim = SluiceLimiter(1, 64, 8, seed=1)
+    first = {"prompt_tokens": 436, "inflight": 1, "sent_at": 0.0}  # 436 + 64 fixed = 500
+    lim.on_sample(Sample(ttft_s=0.05, **first), 1.0)  # 100 us a token
+    assert lim.ttft_base == pytest.approx(1e-4)
+    lim.on_sample(Sample(ttft_s=0.0005, stalled_s=0.2, **first), 1.1)
+    assert lim.ttft_base == pytest.approx(1e-4)  # not 1 us
+    assert lim.ttft_ratio == pytest.approx(0.01)  # counted: judged against the base
+    end = {"completion_tokens": 11, "e2e_s": 1.0, "ttft_s": 0.05}
+    lim.on_sample(Sample(tpot_s=0.02, **first | end), 2.0)
+    lim.on_sample(Sample(tpot_s=0.001, stalled_s=0.3, **first | end), 2.1)
+    assert lim.describe()["tpot_base_s"] == pytest.approx(0.02)

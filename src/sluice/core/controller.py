@@ -886,8 +886,8 @@ class Controller:
         self._dispatcher.prefilled(rec)
         rec.first_token_at = now
         ttft = now - rec.dispatched_at
-        if self._stalls is not None:
-            ttft -= self._stalls.stalled(rec.dispatched_at, now)
+        stalled = 0.0 if self._stalls is None else self._stalls.stalled(rec.dispatched_at, now)
+        ttft -= stalled
         self._ttft.update(ttft)
         b = rec.backend
         b.limiter.on_sample(
@@ -898,6 +898,7 @@ class Controller:
                 sent_at=rec.dispatched_at,
                 prefill_ahead=rec.prefill_ahead,
                 priority=rec.priority,
+                stalled_s=stalled,
                 client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
                 max_tokens=rec.info.max_tokens,
             ),
@@ -955,8 +956,10 @@ class Controller:
         e2e = now - rec.dispatched_at
         first = rec.first_token_at
         ttft = None if first is None else first - rec.dispatched_at
+        stalled = 0.0
         if self._stalls is not None:
-            e2e -= self._stalls.stalled(rec.dispatched_at, now)
+            stalled = self._stalls.stalled(rec.dispatched_at, now)
+            e2e -= stalled
             if first is not None:
                 ttft = first - rec.dispatched_at - self._stalls.stalled(rec.dispatched_at, first)
         if info.prefill_only:
@@ -977,6 +980,7 @@ class Controller:
                 priority=rec.priority,
                 client_budget_s=None if rec.deadline is None else rec.deadline - rec.enqueued_at,
                 max_tokens=rec.info.max_tokens,
+                stalled_s=stalled,
             ),
             now,
         )

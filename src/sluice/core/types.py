@@ -192,3 +192,7 @@ class Sample:
     priority: int | None = None
     client_budget_s: float | None = None
     max_tokens: int | None = None
+    # Seconds of host stalls taken out of its times (core/stall_log.py; 0: none). Its
+    # corrected times may still count, but not toward a floor (the best TTFT per token,
+    # the best TPOT): a correction that took too much would become that floor.
+    stalled_s: float = 0.0

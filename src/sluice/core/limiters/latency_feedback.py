@@ -366,8 +366,9 @@ class SluiceLimiter(LimiterBase):
                 self._on_ttft(sample, now)
             return
         if sample.tpot_s is not None and sample.tpot_s > 0:
-            self._tpot_base.update(sample.tpot_s, now)
-            self._tpot_floor.update(sample.tpot_s, now)
+            if not sample.stalled_s:  # a floor learns from uncorrected times only
+                self._tpot_base.update(sample.tpot_s, now)
+                self._tpot_floor.update(sample.tpot_s, now)
             self._tpot.update(sample.tpot_s)
             if self._tpot_too_slow(sample, now):
                 self._cut(now, sample.sent_at, "tpot")
@@ -386,14 +387,20 @@ class SluiceLimiter(LimiterBase):
         # the base learns from the request's own prompt only: an engine that prefills
         # several prompts in one step would otherwise drag it toward zero
         per_token = ttft / (sample.prompt_tokens + self.prompt_fixed_tokens)
-        self._ttft_base.update(per_token, now)
-        self._prefill_per_token.update(per_token, now)
+        if not sample.stalled_s:
+            # A floor learns from uncorrected times only: a stall correction that took
+            # more than the host's pause (the engine ran on while this process waited
+            # for a CPU) made first tokens of ~0 s, whose minimum became the base, every
+            # first token then 100-1,000x "expected" and overdue (the chat limit pinned
+            # at 1 by `ttft-pending` cuts in the real mixed flood).
+            self._ttft_base.update(per_token, now)
+            self._prefill_per_token.update(per_token, now)
         if not base:
             return
         expected = self._expected(work, base)
         x = ttft / expected
-        if sample.inflight == 1 and sample.prefill_ahead <= 0:  # alone (0: not known)
-            self._lone.append((now, x))
+        if sample.inflight == 1 and sample.prefill_ahead <= 0 and not sample.stalled_s:
+            self._lone.append((now, x))  # alone (0 ahead: not known), uncorrected
         short = self._ttft.update(x)
         host = self.host_factor(now)
         if short > self.ttft_jump * host:
