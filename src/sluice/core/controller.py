@@ -739,6 +739,10 @@ class Controller:
             rec.info.give_up_at is None and b.early_head.allowed(b.metrics_fresh, now),
         )
 
+    def _stalled(self, start: float, end: float) -> float:
+        """Seconds of [start, end] the host did not run the gateway (0 without a source)."""
+        return 0.0 if self._stalls is None else self._stalls.stalled(start, end)
+
     def _arm(self, rec: RequestRecord, b: BackendState, now: float) -> None:
         """The alarm that feeds the limiter if the first token is overdue."""
         alarm = b.limiter.ttft_alarm_after(rec.prompt_est + rec.prefill_ahead)
@@ -812,16 +816,15 @@ class Controller:
             b = rec.backend
             assert b is not None and rec.dispatched_at is not None
             waited = now - rec.dispatched_at
-            if self._stalls is not None:
-                stalled = self._stalls.stalled(rec.dispatched_at, now)
-                if stalled > 0:
-                    # the host stopped while it waited: the alarm is due once the engine
-                    # has had its whole time
-                    waited -= stalled
-                    left = alarm[3] - waited
-                    if left > 1e-6:  # (not a rounding error's worth)
-                        heapq.heappush(alarms, (now + left, *alarm[1:]))
-                        continue
+            stalled = self._stalled(rec.dispatched_at, now)
+            if stalled > 0:
+                # the host stopped while it waited: the alarm is due once the engine has
+                # had its whole time
+                waited -= stalled
+                left = alarm[3] - waited
+                if left > 1e-6:  # (not a rounding error's worth)
+                    heapq.heappush(alarms, (now + left, *alarm[1:]))
+                    continue
             b.limiter.on_sample(
                 Sample(
                     ttft_s=waited,
@@ -886,7 +889,7 @@ class Controller:
         self._dispatcher.prefilled(rec)
         rec.first_token_at = now
         ttft = now - rec.dispatched_at
-        stalled = 0.0 if self._stalls is None else self._stalls.stalled(rec.dispatched_at, now)
+        stalled = self._stalled(rec.dispatched_at, now)
         ttft -= stalled
         self._ttft.update(ttft)
         b = rec.backend
@@ -956,12 +959,10 @@ class Controller:
         e2e = now - rec.dispatched_at
         first = rec.first_token_at
         ttft = None if first is None else first - rec.dispatched_at
-        stalled = 0.0
-        if self._stalls is not None:
-            stalled = self._stalls.stalled(rec.dispatched_at, now)
-            e2e -= stalled
-            if first is not None:
-                ttft = first - rec.dispatched_at - self._stalls.stalled(rec.dispatched_at, first)
+        stalled = self._stalled(rec.dispatched_at, now)
+        e2e -= stalled
+        if first is not None and stalled:
+            ttft = first - rec.dispatched_at - self._stalled(rec.dispatched_at, first)
         if info.prefill_only:
             ttft = e2e  # its one step is its prefill: its whole time is its TTFT
         tpot = None
