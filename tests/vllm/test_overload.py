@@ -162,8 +162,9 @@ DIRECT_GIVE_UP_S = 8.0
 # The clients' own limit only guards against a hang: far above the gateway's deadline,
 # because this VM stops running every process but vLLM's for up to ~10 s at a time under
 # this load, after which the client's timer and the gateway's, both overdue, race
-# (tests/vllm/machine_stalls.py).
-GIVE_UP_S = 30.0
+# (tests/vllm/machine_stalls.py). CI once (2026-12-06) saw a whole round of 24 clients give
+# up at 30 s in a run whose process stalled for 20-30 s in all.
+GIVE_UP_S = 60.0
 # The gateway's overload refusals: vLLM refused (after one more try), or the gateway's own
 # queue held a request until its deadline (vLLM's scraped KV usage and queue say "full").
 # Never `503 no_backend`: a vLLM that refuses is overloaded, not gone, and stays in service
@@ -211,7 +212,7 @@ def _kind(r: Result) -> str:
 
 # Up to 3 rounds of (fill vLLM: up to 20 s; a burst: up to GIVE_UP_S), after a first fill:
 # past the suite's 120 s when the machine stalls (CI timed out there once, 2026-12-02).
-@pytest.mark.timeout(300, func_only=True)
+@pytest.mark.timeout(360, func_only=True)
 async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServer) -> None:
     wait_idle(vllm)
     rng = random.Random(3)
@@ -247,13 +248,16 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
                 # gateway; every answer of every round is checked below.
                 proxy.answers.clear()
                 via: list[Result] = []
-                rounds: list[tuple[float, float]] = []  # (s to fill vLLM, s of the burst)
+                # (s to fill vLLM, s of the burst, s the machine stalled during the burst)
+                rounds: list[tuple[float, float, float]] = []
                 for _ in range(3):
                     t0 = time.monotonic()
                     await _hold(s, vllm, held, MAX_NUM_QUEUED_REQS - 4, rng)
                     t1 = time.monotonic()
                     via += await _burst(s, gw.url, _short_streams(vllm.model, rng, 24), key)
-                    rounds.append((round(t1 - t0, 1), round(time.monotonic() - t1, 1)))
+                    t2 = time.monotonic()
+                    stalled = sum(gap for _, gap in stalls.during(t1, t2))
+                    rounds.append((round(t1 - t0, 1), round(t2 - t1, 1), round(stalled, 1)))
                     if any(a.sse_error for a in proxy.answers):
                         break
                 gw_metrics = await asyncio.to_thread(gw.metrics)
@@ -269,7 +273,8 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
         f"\ndirect burst into 4 free places: {dict(Counter(map(_kind, direct)))}; "
         f"first error event: {event!r}"
         f"\nthrough Sluice: vLLM answered {dict(upstream)}; "
-        f"the clients got {dict(Counter(map(_kind, via)))}; rounds (fill s, burst s): {rounds}"
+        f"the clients got {dict(Counter(map(_kind, via)))}; "
+        f"rounds (fill s, burst s, stalled s): {rounds}"
         f"\n{stalls.summary()}"
     )
     assert direct_503[0] == 503 and orjson.loads(direct_503[1])["error"]["code"] == 503
@@ -288,7 +293,12 @@ async def test_vllm_admission_rejections_are_overload_for_sluice(vllm: VllmServe
     assert kinds["200+error event"] == 0
     allowed = {"ok", "504 upstream_timeout"} | {f"{st} {code}" for st, code in OVERLOAD_ANSWERS}
     access = [line for line in gw.output if "sluice.access" in line]
-    assert set(kinds) <= allowed, (kinds, stalls.summary(), "\n".join(access[-30:]))
+    gave_up = Counter(r.error for r in via if _kind(r) == "gave up")
+    # a message, not a tuple: pytest shortens a tuple's repr, and CI shows only the summary
+    assert set(kinds) <= allowed, (
+        f"{dict(kinds)}; gave up: {dict(gave_up)}; rounds (fill s, burst s, stalled s): "
+        f"{rounds}; {stalls.summary()}\n" + "\n".join(access[-30:])
+    )
     for r in via:
         if r.status in (429, 503):
             assert int(r.headers["Retry-After"]) >= 1
