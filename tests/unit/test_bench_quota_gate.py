@@ -167,3 +167,34 @@ def test_a_replica_leaving_while_local_hands_back_within_its_grace_unless_killed
     # the 4.4 s its share refilled meanwhile); with no grace (one try) or killed, lost
     assert results[0] == pytest.approx(600 - 300 + 10 * (10.25 - 5.6) + 10 * (20 - 10.25), abs=3)
     assert results[1] == results[2] == 600.0
+
+
+def test_a_local_request_ending_after_the_hand_back_is_charged_to_the_store() -> None:
+    """`SharedQuotaGate._send_owed`: a request admitted locally during the loss (by the
+    Controller, against its share) that runs on past the hand-back charges Redis what it
+    used beyond its charge once it ends (without it the bench's store never learned it:
+    `fleet-quotas`'s batch tenant got 110 tokens past one exact bucket after the return)."""
+    loop = Loop()
+    store = QuotaStore(round_trip_s=RTT, outages=[Outage(5.0, 10.0)])
+    gate = _gate(loop, store)
+    gate.start(0.0)
+    loop.run(5.5)
+    _check(loop, gate, 10)  # finds Redis refused: local from now
+    loop.run(5.5 + 1.01 * RTT)
+    quotas = gate.controller_quotas
+    decision = quotas.acquire("t", 100, loop.clock.now())  # the Controller's local check
+    assert decision.ok and decision.outage
+    while gate.mode == "local":
+        loop.run(loop.clock.now() + 0.001)
+    loop.run(quotas.hold_until + 0.5)  # handed back, held, Redis alone: the request runs on
+    now = loop.clock.now()
+    before = store.levels(now, "t", 60, 600)[1]
+    calls = store.calls
+    # it ends having used 300 tokens: 200 more than its charge (the Controller's end)
+    quotas.settle("t", 200, now, decision.outage)
+    quotas.release("t", now, decision.outage)
+    loop.run(now + 0.3)  # a turn of the loop (0.25 s) and a round trip
+    assert store.calls > calls  # the loss handed back once more
+    assert not quotas.owes()
+    refilled = min(600.0, before + 10 * (loop.clock.now() - now))
+    assert store.levels(loop.clock.now(), "t", 60, 600)[1] == pytest.approx(refilled - 200, abs=1)

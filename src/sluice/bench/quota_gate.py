@@ -499,6 +499,8 @@ class VirtualQuotaGate:
             early = now - self._started < 2 * self.heartbeat_s
             self._next_beat = now + (self.heartbeat_s / 4 if early else self.heartbeat_s)
             self._beat(t)
+        elif self.circuit.shared and self.controller_quotas.owes():
+            self._send_owed(t)
         else:
             moved = not self.circuit.shared and self.controller_quotas.reshare(now)
             if moved and self._on_reshare is not None:
@@ -591,6 +593,27 @@ class VirtualQuotaGate:
             self._call(tc, op, done, timeout_s=max(1e-9, deadline - tc), raw=True)
 
         return call
+
+    def _send_owed(self, t: float) -> None:
+        """`SharedQuotaGate._send_owed`: back from a loss, what its requests that ran on
+        used after the hand-back, sent as the loss's charge again (charged once)."""
+        quotas = self.controller_quotas
+        dues = quotas.due(self.clock.now())
+        deadline = t + PROBE_TIMEOUT_S
+        calls = [
+            self._resume(lim, hb, deadline, due)
+            for due in dues
+            for name, hb in due.owed.items()
+            if (lim := self._limits.get(name)) is not None
+        ]
+
+        def sent(ta: float, ok: bool) -> None:
+            if ok:
+                for due in dues:
+                    quotas.acked(due)
+            self._wait(ta)
+
+        _gather(t, calls, sent)
 
     def _probe_done(self, t: float) -> None:
         self.circuit.probe_answered()
