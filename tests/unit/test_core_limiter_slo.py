@@ -277,6 +277,30 @@ def test_p0_first_tokens_slower_than_half_its_ttft_objective_cut() -> None:
     assert (cuts, before, lim.latency_limit) == (0, 26, pytest.approx(20.8))
 
 
+def test_a_first_token_far_inside_the_objective_is_no_queueing_signal() -> None:
+    """The ratio rules (`ttft`: the ratio's EWMA over 3; `ttft-pending`: no first token
+    after 4 x expected) count only once a first token takes half the backend's TTFT
+    target (0.225 s for P0's 0.45 s): a CPU engine's batch of 6 has first tokens 3-5x a
+    lone one's and still 0.1-0.3 s; `sluice`, without objectives, cuts on the ratio."""
+    flight = InFlight(p0=3)
+    lim = limiter(flight)
+    lim.on_dispatch(6, 100, 0.0)
+    assert lim.calm_ttft_s(0.0) == pytest.approx(0.225)
+    ttft(lim, 0.02, 1.0)  # the base: 40 us per token of 500
+    limit = lim.limit
+    for i in range(6):  # 5x expected, 100 ms each: the EWMA goes far over 3
+        ttft(lim, 0.1, 2.0 + i * 0.01)
+    assert (lim.cuts, lim.limit) == (0, limit)
+    # the pending alarm: 4 x 20 ms expected, but not before 0.225 s
+    assert lim.ttft_alarm_after(PROMPT) == pytest.approx(0.225)
+    ttft(lim, 0.25, 3.0)  # past half the target: now the ratio counts
+    assert (lim.cuts, lim.last_cut_reason) == (1, "ttft")
+    # P0 gone (past the 10 s hold), P1 alone: its own objective (15 s) sets the floor
+    flight.counts = [0, 5, 0]
+    lim.on_dispatch(5, 100, 20.0)
+    assert lim.calm_ttft_s(20.0) == pytest.approx(0.5 * 0.9 * 0.5 * 15.0)
+
+
 def test_the_prefill_bound_aims_at_the_policys_tightest_ttft_whoever_is_served() -> None:
     # only P2 in flight: a P0 request may still come, and it waits behind the prefill
     # queued before it

@@ -326,7 +326,13 @@ class SluiceLimiter(LimiterBase):
         expected = self.expected_ttft(prefill_tokens)
         if expected is None:
             return None
-        return self.ttft_alarm_ratio * expected * self.host_factor(self._now_seen)
+        alarm = self.ttft_alarm_ratio * expected * self.host_factor(self._now_seen)
+        return max(alarm, self.calm_ttft_s(self._now_seen))
+
+    def calm_ttft_s(self, now: float) -> float:
+        """A first token sooner than this is no queueing signal, whatever its ratio to the
+        expected one (0 here: every ratio counts; `slo` sets it from the objectives)."""
+        return 0.0
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -404,7 +410,8 @@ class SluiceLimiter(LimiterBase):
         short = self._ttft.update(x)
         host = self.host_factor(now)
         if short > self.ttft_jump * host:
-            self._cut(now, sample.sent_at, "ttft")
+            if ttft >= self.calm_ttft_s(now):
+                self._cut(now, sample.sent_at, "ttft")
         elif short <= self.ttft_grow_below * host:
             self._maybe_grow(now)
 

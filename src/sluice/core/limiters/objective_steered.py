@@ -87,6 +87,7 @@ class SloLimiter(SluiceLimiter):
         ttft_share: float | None = 0.5,
         ttft_window: int = 40,
         prefill_share: float | None = 0.5,
+        calm_share: float = 0.5,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("cut_from_cap", True)
@@ -110,6 +111,7 @@ class SloLimiter(SluiceLimiter):
         self.min_lengths = min_lengths
         self.ttft_share = ttft_share
         self.prefill_share = prefill_share
+        self.calm_share = calm_share
         # (sent_at, ttft, class) of the last first tokens here
         self._ttfts: deque[tuple[float, float, int]] = deque(maxlen=ttft_window)
         self.length_quantile = length_quantile
@@ -214,6 +216,15 @@ class SloLimiter(SluiceLimiter):
         if best is None:
             return None
         return (1.0 - self.tail_margin) * self.ttft_share * best[0], best[1]
+
+    def calm_ttft_s(self, now: float) -> float:
+        """`calm_share` of the backend's TTFT target for the tightest class it serves: a
+        first token sooner than that leaves the objective most of its room whatever its
+        ratio to the expected one (on a CPU engine a batch of 6 has first tokens 3-5x the
+        lone one's and 0.1-0.3 s, which the ratio rules cut to a limit of 3 and P0 then
+        queued for a second at the gateway: the real mixed flood)."""
+        target = self.ttft_target(now)
+        return 0.0 if target is None else self.calm_share * target[0]
 
     def prefill_target_s(self) -> float | None:
         """The prefill bound's target: ttft_share of the tightest TTFT objective of the
