@@ -46,6 +46,15 @@ class GatewayProcess:
     def metrics(self) -> dict[str, float]:
         return parse_metrics(httpx.get(self.url + "/metrics", timeout=5).text)
 
+    def access_records(self) -> dict[str, dict[str, Any]]:
+        """The access records written so far (JSON log lines), by request id."""
+        found = {}
+        for line in list(self.output):
+            if line.startswith('{"ts":') and '"sluice.access"' in line:
+                record = orjson.loads(line)
+                found[record.get("request_id")] = record
+        return found
+
     def stop(self, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

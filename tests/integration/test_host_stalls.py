@@ -49,13 +49,15 @@ async def _inflight(s: aiohttp.ClientSession, gw: GatewayProcess) -> int:
 
 async def _streams(
     s: aiohttp.ClientSession, gw: GatewayProcess, n: int, max_tokens: int
-) -> list[int]:
-    async def one() -> int:
+) -> list[tuple[int, str]]:
+    """(status, the gateway's request id) of `n` streams sent at once."""
+
+    async def one() -> tuple[int, str]:
         headers = {"Authorization": "Bearer sk-agents"}
         body = BODY | {"max_tokens": max_tokens}
         async with s.post(gw.url + "/v1/completions", json=body, headers=headers) as r:
             await r.read()
-            return r.status
+            return r.status, r.headers["X-Request-Id"]
 
     return await asyncio.gather(*(one() for _ in range(n)))
 
@@ -69,8 +71,11 @@ async def test_a_stopped_gateway_does_not_read_the_stop_as_the_engines_queueing(
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
             # the limiter learns what a first token takes here (its base), one at a time
+            alone: list[str] = []
             for _ in range(5):
-                assert await _streams(s, gw, 1, 2) == [200]
+                [(status, rid)] = await _streams(s, gw, 1, 2)
+                assert status == 200
+                alone.append(rid)
             before = await _limiter(s, gw)
             assert before["ttft_base_s_per_token"] is not None
             # four streams go out, and the host stops the gateway before their first tokens
@@ -86,12 +91,24 @@ async def test_a_stopped_gateway_does_not_read_the_stop_as_the_engines_queueing(
             finally:
                 os.kill(gw.proc.pid, signal.SIGCONT)
             assert time.monotonic() - stopped_at >= STOPPED_S
-            assert await sent == [200] * 4
+            answers = await sent
+            assert [status for status, _ in answers] == [200] * 4
             after = await _limiter(s, gw)
             stalled = gw.metrics().get("sluice_host_stall_seconds_total", 0.0)
     finally:
         await asyncio.to_thread(gw.stop)
     assert stalled >= STOPPED_S * 0.9, stalled  # the watch saw the stop
+    # each of the four streams' access records says how long of it the host stopped the
+    # gateway (flushed at the stop: every record is written by then)
+    records = gw.access_records()
+    for _, rid in answers:
+        assert STOPPED_S * 0.9 <= records[rid]["host_stall_ms"] / 1000 <= STOPPED_S + 1, records[
+            rid
+        ]
+    # the ones before it ran unstopped (a busy machine may still stall them a little)
+    assert all(records[rid].get("host_stall_ms", 0) < 500 for rid in alone), [
+        records[rid] for rid in alone
+    ]
     # no cut for it: neither on the late first tokens nor on their overdue alarms (four
     # streams at this speed may pass P0's TPOT objective: a `tpot` cut is the engine's)
     first_token = {"ttft", "ttft-pending", "ttft-objective"}

@@ -51,16 +51,6 @@ limiter: {algorithm: fixed, fixedLimit: 32}
 _IN_ENGINE = re.compile(rb"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
 
 
-def _access_records(gw: GatewayProcess, ids: set[str]) -> dict[str, dict[str, Any]]:
-    found = {}
-    for line in list(gw.output):
-        if line.startswith('{"ts":') and '"sluice.access"' in line:
-            record = orjson.loads(line)
-            if record.get("request_id") in ids:
-                found[record["request_id"]] = record
-    return found
-
-
 @dataclass
 class Round:
     dropped_by_s: float  # upper bound: the end of the first poll that read 0
@@ -186,7 +176,7 @@ async def _one_round(
     # The gateway's part, per client: its access record (status 499, the client went away)
     # against that client's own close. Records are flushed every 0.2 s.
     deadline = time.monotonic() + 5
-    while len(records := _access_records(gw, set(ids))) < STREAMS:
+    while len(records := {i: r for i, r in gw.access_records().items() if i in ids}) < STREAMS:
         assert time.monotonic() < deadline, f"{len(records)} of {STREAMS} access records"
         await asyncio.sleep(0.05)
     assert {rec["status"] for rec in records.values()} == {499}

@@ -130,6 +130,7 @@ class Gateway:
             self.clock,
             self.quota_gate,
             self.tokens,
+            self.stall_watch,
         )
         self._draining = False
 

@@ -36,6 +36,7 @@ from aiohttp import web
 from sluice.config import Policy
 from sluice.core.clock import Clock
 from sluice.core.controller import Controller
+from sluice.core.stall_log import StallSource
 from sluice.core.types import Outcome
 from sluice.gateway.auth import KeyRing
 from sluice.gateway.backend_pool import BackendPool
@@ -81,8 +82,10 @@ class RequestPath:
         clock: Clock,
         quota_gate: SharedQuotaGate | None,
         tokens: BookingTokens,
+        stalls: StallSource | None = None,
     ) -> None:
         self.clock = clock
+        self.stalls = stalls  # the host's stalls, for each request's access record
         self.telemetry = telemetry
         self.draining = False
         self._controller = controller
@@ -185,7 +188,7 @@ class RequestPath:
                 response = result.response
                 return response
         finally:
-            write_access_record(ctx, response, self.clock.now())
+            write_access_record(ctx, response, self.clock.now(), self.stalls)
 
     async def _outside_the_queues(self, ctx: RequestContext) -> web.StreamResponse:
         """A route that costs nothing on the GPU: straight to a backend (stages/bypass.py)."""
