@@ -2,10 +2,10 @@
 `openai` SDK (Responses stream and not, embeddings) and `anthropic` SDK (messages.create,
 messages.stream, messages.count_tokens) get the same content as straight from vLLM; and a
 mixed flood over chat, Responses, Messages and embeddings at 3x capacity, in three
-classes: no preemption, P0 served on every route (at least 90 % of its generation
-requests; its SLO attainment per route printed, not asserted: issue 15), lower classes
-refused first (P2 before P1; P0 only by a queue timeout) with Retry-After, embeddings and
-generation both served below P0.
+classes: no preemption, P0 served on every route (at least 90 % of its requests) and
+within its objective (at least 90 % of the requests no host stall touched; every request's
+attainment is printed too), lower classes refused first (P2 before P1; P0 only by a queue
+timeout) with Retry-After, embeddings and generation both served below P0.
 
 Embeddings come from a second vLLM serving the same tiny model as an embedding model
 (conftest.py `vllm_pooling`). Greedy decoding (temperature 0) of the same prompt gives
@@ -268,7 +268,8 @@ async def _flood(url_of: dict[str, str], model: str, embed_model: str) -> list[d
                      "at": started - begin, "seconds": time.monotonic() - started,
                      "started": started, "ttft": ttft, "tpot": tpot, "tokens": tokens,
                      "retry_after": r.headers.get("Retry-After"),
-                     "queue_ms": r.headers.get("X-Sluice-Queue-Ms")}
+                     "queue_ms": r.headers.get("X-Sluice-Queue-Ms"),
+                     "request_id": r.headers.get("X-Request-Id")}
                 )  # fmt: skip
                 if r.status in (429, 529, 503):
                     await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
@@ -291,7 +292,10 @@ def _p95(values: list[float]) -> float:
 
 def _stalled(r: dict[str, Any], stalls: MachineStalls) -> bool:
     """Whether the machine stopped running the test's process (the client) for over
-    STALL_S while the request was out: its client then timed it late, whoever served it."""
+    STALL_S while the request was out (its client then timed it late, whoever served it),
+    or the gateway for STALL_S in all (its access record's `host_stall_ms`)."""
+    if r.get("host_stall_s", 0.0) >= STALL_S:
+        return True
     return bool(stalls.during(r["started"], r["started"] + r["seconds"]))
 
 
@@ -324,9 +328,11 @@ def _report(label: str, results: list[dict[str, Any]], stalls: MachineStalls) ->
                 missed = [r for r in sent if r["status"] == 200 and not _within_p0_slo(r)]
                 if missed and missed[0]["queue_ms"] is not None:
                     # where a late one's time went: the gateway's queue, or after it
-                    line += " [misses: TTFT s / of it queued s / TPOT ms: " + ", ".join(
+                    line += (
+                        " [misses: TTFT s / of it queued s / TPOT ms / gateway stalled s: "
+                    ) + ", ".join(
                         f"{r['ttft'] or float('nan'):.2f}/{int(r['queue_ms']) / 1000:.2f}"
-                        f"/{1000 * (r['tpot'] or float('nan')):.0f}"
+                        f"/{1000 * (r['tpot'] or float('nan')):.0f}/{r['host_stall_s']:.2f}"
                         for r in missed[:8]
                     )
                     line += "]"
@@ -424,6 +430,11 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
         _print_limiters(gw.url)
     finally:
         gw.stop()
+    # how long the host did not run the gateway during each request (its access record)
+    records = gw.access_records()
+    for r in results:
+        record = records.get(r["request_id"]) or {}
+        r["host_stall_s"] = record.get("host_stall_ms", 0.0) / 1000
     preemptions = vllm.metrics()["vllm:num_preemptions_total"] - before
     table: dict[tuple[str, int], Counter[int]] = {}
     for r in results:
@@ -433,7 +444,9 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
         direct,
         direct_stalls,
     )
-    _report(f"the same flood through Sluice: {preemptions:.0f} preemptions", results, stalls)
+    attainment = _report(
+        f"the same flood through Sluice: {preemptions:.0f} preemptions", results, stalls
+    )
     assert preemptions == 0
     # every answer was served, or an overload refusal the client can retry
     assert {r["status"] for r in results} <= {200, 429, 503, 529}, Counter(
@@ -446,11 +459,13 @@ async def test_mixed_flood_no_preemption_p0_slo_on_every_route(
         # counted whole, 2 at once went onto it, where straight it ran 7, and P0 timed out
         # in the gateway's queue (3 of 17 in one run); with it, 0 of 55-86 in six runs.
         assert p0[200] >= 0.9 * sum(p0.values()), (route, p0)
-    # P0's SLO per route is printed above (and in docs/bench.md, "Mixed routes"), not
-    # asserted: through Sluice it is not held on every route (issue 15 stays open). A
-    # median-within-1-s and a half-within-SLO bar both failed on a quiet CI-like run (chat
-    # 1.05 s and 47 %, against 5.65 s and 0 % straight), so neither is a bar this test can
-    # hold yet.
+    # P0's objective on every route, for the requests the host did not stall (neither the
+    # gateway for STALL_S in all, nor this test's clients): 96.9-100 % per route in the
+    # runs of 2026-12-06 (docs/bench.md, "Mixed routes"); the bar leaves room for a CI
+    # machine busier than that. Every miss then was an embedding during which the host
+    # stopped the gateway for 0.3-1.3 s; straight, 78-100 % of the same requests.
+    for route, _ in MIX:
+        assert attainment[route] >= 0.9, (route, attainment)
     # lower classes are refused first, each refusal with its Retry-After
     refused = [r for r in results if r["status"] != 200]
     assert all(r["retry_after"] for r in refused), [r for r in refused if not r["retry_after"]]
