@@ -552,12 +552,7 @@ class VirtualQuotaGate:
         quotas = self.controller_quotas
         owed = quotas.hand_back(self.clock.now())  # (the loss going on, for the records)
         dues = quotas.due(self.clock.now())
-        calls = [
-            self._resume(lim, hb, deadline, due)
-            for due in dues
-            for name, hb in due.owed.items()
-            if (lim := self._limits.get(name)) is not None
-        ]
+        calls = self._resumes(dues, deadline)
 
         def all_back(ta: float, ok: bool) -> None:
             if not ok:
@@ -571,6 +566,15 @@ class VirtualQuotaGate:
             self._probe_done(ta)
 
         _gather(t, calls, all_back)
+
+    def _resumes(self, dues: list[HandBackDue], deadline: float) -> list[Call]:
+        """The calls of these hand-backs, one per tenant of each (`SharedQuotaGate._resumes`)."""
+        return [
+            self._resume(lim, hb, deadline, due)
+            for due in dues
+            for name, hb in due.owed.items()
+            if (lim := self._limits.get(name)) is not None
+        ]
 
     def _resume(self, lim: TenantLimits, hb: HandBack, deadline: float, due: HandBackDue) -> Call:
         """One tenant's hand-back (resume.lua), within what is left of the probe's time."""
@@ -599,13 +603,7 @@ class VirtualQuotaGate:
         used after the hand-back, sent as the loss's charge again (charged once)."""
         quotas = self.controller_quotas
         dues = quotas.due(self.clock.now())
-        deadline = t + PROBE_TIMEOUT_S
-        calls = [
-            self._resume(lim, hb, deadline, due)
-            for due in dues
-            for name, hb in due.owed.items()
-            if (lim := self._limits.get(name)) is not None
-        ]
+        calls = self._resumes(dues, t + PROBE_TIMEOUT_S)
 
         def sent(ta: float, ok: bool) -> None:
             if ok:
