@@ -16,6 +16,11 @@ the backend is serving, less a tail margin (docs/limiter.md, "`slo`", derives it
            TPOT EWMA above the mean target
     grow   only while both are at most slo_grow_below x their target
 
+`sluice`'s first-token ratio rules (`ttft`, `ttft-pending`) count only once a first token
+takes `calm_share` of the backend's TTFT target (`calm_ttft_s`): sooner, it leaves the
+objective most of its room, whatever its ratio to the expected one (docs/limiter.md, "A
+first token far inside the objective").
+
 A request's time budget also bounds its TPOT: a 1,000-token answer whose client waits 30 s
 needs 29 ms per token whatever the class's TPOT objective says. Such an answer lives long
 enough for its TPOT to be the batch's mean step time over half a minute, so it is the
