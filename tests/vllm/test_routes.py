@@ -286,8 +286,12 @@ def _within_p0_slo(r: dict[str, Any]) -> bool:
     return r["route"] == "embeddings" or (r["tpot"] is not None and r["tpot"] <= P0_TPOT_S)
 
 
+def _quantile(values: list[float], q: float) -> float:
+    return sorted(values)[int(q * (len(values) - 1))] if values else float("nan")
+
+
 def _p95(values: list[float]) -> float:
-    return sorted(values)[int(0.95 * (len(values) - 1))] if values else float("nan")
+    return _quantile(values, 0.95)
 
 
 def _stalled(r: dict[str, Any], stalls: MachineStalls) -> bool:
@@ -336,7 +340,7 @@ def _report(label: str, results: list[dict[str, Any]], stalls: MachineStalls) ->
                         for r in missed[:8]
                     )
                     line += "]"
-            line += f", TTFT p50 {sorted(ttfts)[len(ttfts) // 2] if ttfts else float('nan'):.2f}"
+            line += f", TTFT p50 {_quantile(ttfts, 0.5):.2f}"
             line += f" p95 {_p95(ttfts):.2f} s, TPOT p95 {1000 * _p95(tpots):.0f} ms"
             print(line + (f", refusals {dict(codes)}" if codes else ""))
     return attainment
