@@ -103,6 +103,23 @@ def test_one_request_direct_gets_the_engines_own_ttft() -> None:
     assert res["wasted_tokens"] == 0 and res["backend_preemptions"] == 0
 
 
+def test_tokens_delivered_count_only_what_ended_within_the_window() -> None:
+    """Real mode runs a gateway arm past the drain (until its last Retry-After has come
+    back) and every arm until its requests settle; what ends after the window (arrivals
+    plus drain, 31 s here) is counted apart, so arms and modes compare the same time."""
+    s = scenario()
+    run = run_arm(s, [req(0, 0.3), req(1, 0.6)], ArmSpec("direct"), TINY)
+    assert [r.tokens for r in run.requests] == [10, 10]
+    assert run.requests[0].end_at is not None and run.requests[0].end_at < 31.0
+    run.requests[1].end_at = 31.5  # as a real run that went on after the drain
+    res = arm_results(run, s)
+    assert res["tokens_delivered"] == 10
+    assert res["tokens_delivered_after_window"] == 10
+    assert res["classes"]["P0"]["completed"] == 2
+    run.requests[1].end_at = 31.0  # at the window's end: within it
+    assert arm_results(run, s)["tokens_delivered"] == 20
+
+
 def test_one_request_through_the_gateway_adds_no_time() -> None:
     s = scenario()
     arm = arm_spec("sluice", s, max_limit=TINY.max_num_seqs, static_cap=8)

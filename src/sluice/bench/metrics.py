@@ -66,7 +66,14 @@ def arm_results(
     n_phases = len(phases)
     classes: dict[str, Any] = {}
     goodput_tokens = 0
-    delivered = 0  # output tokens of every completed request, SLO met or not
+    # Output tokens of every request completed within the scenario's window (its arrivals
+    # and its drain), SLO met or not. Real mode runs a gateway arm past the drain, until
+    # its longest Retry-After has come back (`real.longest_return_wait`), and every arm
+    # until its requests have settled: what ends after the window is counted apart, or
+    # the arms (and the two modes) would be compared over different lengths of time.
+    window_end = scenario.duration + scenario.spec.drain
+    delivered = 0
+    delivered_late = 0
     phase_good = [0] * n_phases
     phase_offered = [[0, 0, 0] for _ in range(n_phases)]
     phase_met = [[0, 0, 0] for _ in range(n_phases)]
@@ -119,7 +126,10 @@ def arm_results(
             slo = scenario.slos[c]
             if slo.ttft is None or (ttft is not None and ttft <= slo.ttft):
                 pc["ttft_met"] += 1
-            delivered += r.tokens
+            if r.end_at is not None and r.end_at > window_end:
+                delivered_late += r.tokens
+            else:
+                delivered += r.tokens
             rc["completed"] += 1
             if ttft is not None:
                 rc["ttft"].append(ttft)
@@ -217,6 +227,7 @@ def arm_results(
     return {
         "goodput_tokens_per_s": round(goodput_tokens / duration, 1),
         "tokens_delivered": delivered,
+        "tokens_delivered_after_window": delivered_late,
         "backend_running": backend_running(run.series, duration),
         "backend_preemptions": len(run.preemption_times),
         "wasted_tokens": wasted,

@@ -49,6 +49,14 @@ def _running_of_spot(phase: dict[str, Any]) -> str:
     return f"{running:.1f} ({100 * running / spot:.0f}%)"
 
 
+def _delivered(arm: dict[str, Any]) -> str:
+    """Tokens delivered within the scenario's window, and what a real run delivered after
+    it (a gateway arm's run lasts until its longest Retry-After has come back)."""
+    cell = _fmt(arm.get("tokens_delivered"))
+    late = arm.get("tokens_delivered_after_window")
+    return f"{cell} (+{late} after)" if late else cell
+
+
 def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The headline table: one row per arm (shared by report.md and the console)."""
     head = [
@@ -79,7 +87,7 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _fmt(c["P1"]["slo_attainment"], pct=True),
                 _fmt(c["P2"]["slo_attainment"], pct=True),
                 f"{a['goodput_tokens_per_s']:.0f}",
-                _fmt(a.get("tokens_delivered")),
+                _delivered(a),
                 f"{_fmt(running.get('mean'), nd=1)} / {_fmt(running.get('max'))}",
                 str(a["backend_preemptions"]),
                 str(a["wasted_tokens"]),
