@@ -61,6 +61,9 @@ def simulate(
     waiting: deque[float] = deque()
     on_time = started = 0
     next_p0 = rng.expovariate(p0_rate)
+    while running < threshold:  # the P1/P2 backlog is there from the start
+        running += 1
+        heapq.heappush(ends, hold())
     while now < horizon:
         if ends and ends[0] <= next_p0:
             now = heapq.heappop(ends)
