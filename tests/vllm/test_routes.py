@@ -34,6 +34,8 @@ from loadgen import client_session
 from machine_stalls import MachineStalls
 from vllm_server import VllmServer
 
+from sluice.bench.metrics import percentile
+
 pytestmark = pytest.mark.integration
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -287,7 +289,9 @@ def _within_p0_slo(r: dict[str, Any]) -> bool:
 
 
 def _quantile(values: list[float], q: float) -> float:
-    return sorted(values)[int(q * (len(values) - 1))] if values else float("nan")
+    """The bench's nearest-rank percentile, NaN (printed as such) for no values."""
+    found = percentile(values, q)
+    return float("nan") if found is None else found
 
 
 def _p95(values: list[float]) -> float:
