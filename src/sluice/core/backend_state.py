@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sluice.core.bounded_outputs import block_pad
 from sluice.core.early_head import EarlyHead
 from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import Limiter
@@ -15,7 +16,12 @@ if TYPE_CHECKING:
 
 class BackendState:
     __slots__ = (
+        "block_pad",
+        "bound_tokens",
+        "bounded",
         "cap_low",
+        "ceiling",
+        "ceiling_low",
         "congestion",
         "counted_inflight",
         "counted_limit",
@@ -24,6 +30,8 @@ class BackendState:
         "inflight",
         "inflight_by_class",
         "inflight_tokens",
+        "kv_bound_peak",
+        "kv_bound_stale",
         "kv_budget",
         "kv_capacity",
         "kv_peak",
@@ -61,6 +69,14 @@ class BackendState:
         # left since it was computed (a dispatch adds its cost: an upper bound)
         self.kv_peak = 0.0
         self.kv_peak_stale = False
+        # The same at the requests' bounds (core/bounded_outputs.py: every request at its
+        # max_tokens, its KV rounded up a block) and the sum of their bounds; whether the
+        # in-flight requests' outputs are bounded (their bounds close to their estimates).
+        self.kv_bound_peak = 0.0
+        self.kv_bound_stale = False
+        self.bound_tokens = 0.0
+        self.bounded = False
+        self.block_pad = block_pad(None)  # the engine's block size - 1, once a scrape said
         # prompt tokens of in-flight requests without a first token (of those whose first
         # token the gateway sees: a non-streamed answer's prefill is not known to end)
         self.prefill_tokens = 0.0
@@ -71,6 +87,10 @@ class BackendState:
         self.pipelined_tokens = 0.0
         self.limit = limiter.limit  # cached after every limiter call
         self.cap_low = -1  # slots P1/P2 may use (the dispatcher computes it)
+        # The in-flight counts below which P0 and P1/P2 may be placed: the limit and
+        # cap_low, or past them while the outputs are bounded (the dispatcher's rule).
+        self.ceiling = self.limit
+        self.ceiling_low = -1
         self.kv_budget: float | None = limiter.kv_budget_tokens
         # other replicas use the backend too: its room as the last scrape showed it
         self.kv_shared: SharedRoom | None = limiter.kv_shared

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sluice.core.backend_state import BackendState
+from sluice.core.bounded_outputs import block_pad
 from sluice.core.class_queue import ClassQueue
 from sluice.core.clock import Clock
 from sluice.core.dispatcher import Dispatcher
@@ -341,6 +342,8 @@ class Controller:
         b.scraped = True
         if m.num_gpu_blocks and m.block_size:
             b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
+        if m.block_size:
+            b.block_pad = block_pad(m.block_size)
         if m.running is not None:
             on_backend = m.running + (m.waiting or 0.0)
             self._fleet.observe(b.inflight, b.left, on_backend, self._clock.now())
@@ -1080,6 +1083,8 @@ class Controller:
                 engine=engine,
                 signals=signals,
                 limiter=b.limiter.describe(),
+                outputs_bounded=b.bounded,
+                ceiling=b.ceiling,
             )
         return ControllerSnapshot(
             pressure=self.pressure(),

@@ -14,13 +14,19 @@ Rules (docs/overload.md):
     (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget. What the
     budget is compared with, alone on a backend, is the in-flight requests' projected
     joint peak (core/kv_projection.py, `_project`) plus the new request's footprint.
+  * Bounded outputs (core/bounded_outputs.py): while the requests in flight on a backend
+    this replica has alone are expected to run to their max_tokens, a request may go past
+    the limit (cap_low for P1/P2) up to the limiter's latency limit, and past the KV
+    budget, when the in-flight requests' projected peak at their bounds (max_tokens,
+    rounded up a block) plus its own fits the cache (P0) or `low_share` of it (P1/P2).
   * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
     lower classes' last slot too, where P0 has a reserve: it is placed only while a
     backend has fewer than return_cap = max(1, cap_low - 1) in flight (cap_low with no
-    reserve). Returns are let in past the pressure rules, so during a burst they are a
-    standing backlog that would take every slot the moment it opens, the one a growing
-    limit just added included; when the limiter cuts back, the slots they hold stay held
-    until they end and P0 waits (issue 17: P0 in the real-mode burst, docs/bench.md).
+    reserve; of the bounded ceilings while outputs are bounded). Returns are let in past
+    the pressure rules, so during a burst they are a standing backlog that would take
+    every slot the moment it opens, the one a growing limit just added included; when
+    the limiter cuts back, the slots they hold stay held until they end and P0 waits
+    (issue 17: P0 in the real-mode burst, docs/bench.md).
   * Aging guard: while P0 has requests waiting and P1's oldest request has waited longer
     than `agingAfter`, every `aging_every`-th dispatch goes to P1 (its fair-queue next
     request) with P0's rights; the other dispatches stay P0's. P1 thus gets at least 1 in
@@ -89,6 +95,7 @@ import math
 from collections.abc import Sequence
 
 from sluice.core.backend_state import BackendState
+from sluice.core.bounded_outputs import bound_output, low_share, outputs_bounded
 from sluice.core.class_queue import ClassQueue
 from sluice.core.kv_projection import projected_peak
 from sluice.core.prefill_pipeline import kv_charge
@@ -240,6 +247,7 @@ class Dispatcher:
         b.prefill_budget = limiter.prefill_budget_tokens
         b.kv_shared = shared = limiter.kv_shared
         b.tie = b.name if shared is None else b.shuffled
+        self._set_ceilings(b, limiter.latency_limit)
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -249,11 +257,11 @@ class Dispatcher:
             if limit != b.counted_limit:
                 self.limit_total += limit - b.counted_limit
                 b.counted_limit = limit
-            if inflight < limit:
+            if inflight < b.ceiling:
                 self._open_all[name] = b
             else:
                 self._open_all.pop(name, None)
-            if inflight < b.cap_low:
+            if inflight < b.ceiling_low:
                 self._open_low[name] = b
             else:
                 self._open_low.pop(name, None)
@@ -263,6 +271,25 @@ class Dispatcher:
             b.counted_inflight = b.counted_limit = 0
             self._open_all.pop(name, None)
             self._open_low.pop(name, None)
+
+    def _set_ceilings(self, b: BackendState, latency_limit: float | None) -> None:
+        """The in-flight counts below which each class may be placed: the limit and
+        cap_low, or, while the outputs in flight are bounded (core/bounded_outputs.py) on
+        a backend of known size this replica has alone, the limiter's latency limit and
+        its cap_low (`place` then checks the bounds' peak for the requests past them)."""
+        b.bounded = bounded = (
+            latency_limit is not None
+            and b.kv_shared is None
+            and b.kv_capacity is not None
+            and b.inflight > 0
+            and outputs_bounded(b.bound_tokens, b.inflight_tokens)
+        )
+        if bounded and latency_limit is not None and latency_limit > b.limit:
+            b.ceiling = int(latency_limit)
+            b.ceiling_low = max(b.cap_low, low_cap(b.ceiling, self.reserved_p0))
+        else:
+            b.ceiling = b.limit
+            b.ceiling_low = b.cap_low
 
     def set_reserved(self, reserved_p0: float) -> None:
         self.reserved_p0 = reserved_p0
@@ -283,6 +310,9 @@ class Dispatcher:
         b.inflight_tokens += rec.kv_tokens
         b.records[rec.request_id] = rec
         b.kv_peak += rec.kv_tokens
+        rec.bound_tokens = _bound(rec)
+        b.bound_tokens += rec.bound_tokens
+        b.kv_bound_peak += rec.bound_tokens + b.block_pad  # an upper bound, as kv_peak's
         if pipelined:
             b.pipelined += 1
             b.pipelined_tokens += rec.prompt_est
@@ -302,16 +332,17 @@ class Dispatcher:
         b.inflight -= 1
         b.inflight_by_class[rec.priority] -= 1
         b.inflight_tokens -= rec.kv_tokens
+        b.bound_tokens -= rec.bound_tokens
         del b.records[rec.request_id]
         if rec.pipelined:
             b.pipelined -= 1
             b.pipelined_tokens = max(0.0, b.pipelined_tokens - rec.prompt_est)
-        b.kv_peak_stale = True
+        b.kv_peak_stale = b.kv_bound_stale = True
         b.left += 1
         if rec.first_token_at is None and (rec.info.first_token_visible or rec.info.prefill_only):
             self.prefilled(rec)
-        if b.inflight == 0:
-            b.prefill_tokens = b.pipelined_tokens = 0.0  # no float drift left behind
+        if b.inflight == 0:  # no float drift left behind
+            b.prefill_tokens = b.pipelined_tokens = b.bound_tokens = 0.0
         b.limiter.on_release(b.inflight, now)
         if refresh:
             self.refresh(b)
@@ -336,7 +367,7 @@ class Dispatcher:
         a_return = rec.returning and not full_rights
         best: BackendState | None = None
         for b in cands.values():
-            if a_return and b.inflight >= return_cap(b.limit, b.cap_low):
+            if a_return and b.inflight >= return_cap(b.ceiling, b.ceiling_low):
                 continue
             if not _serves(b, rec.model, blocked_models):
                 continue
@@ -344,13 +375,30 @@ class Dispatcher:
                 continue  # shared, and its room unknown until our first scrape of it
             if b.kv_peak_stale and b.kv_shared is None and b.kv_budget is not None:
                 self._project(b)  # only a lone backend's budget counts the projection
-            if not _kv_fits(b, kv_charge(rec.cost, _pipelines(rec, b)), share, full_rights):
+            past = b.inflight >= (b.limit if full_rights else b.cap_low)
+            if (
+                past or not _kv_fits(b, kv_charge(rec.cost, _pipelines(rec, b)), share, full_rights)
+            ) and not self._bound_fits(b, rec, full_rights):
                 continue
             if not _prefill_fits(b, rec.prompt_est):
                 continue
             if best is None or _less_loaded(b, best):
                 best = b
         return best
+
+    def _bound_fits(self, b: BackendState, rec: RequestRecord, full_rights: bool) -> bool:
+        """Past the limit (or cap_low) or the KV budget, the request may still go while the
+        outputs in flight are bounded and the in-flight requests' projected peak at their
+        bounds plus its own fits the cache (P0) or P1/P2's part of it: no preemption
+        whatever they generate (core/bounded_outputs.py). Prefill-only requests are held
+        by their pipeline's share, not by this."""
+        cache = b.kv_capacity
+        if not b.bounded or cache is None or rec.info.prefill_only:
+            return False
+        if b.kv_bound_stale:
+            self._project_bounds(b)
+        room = cache if full_rights else cache * low_share(self.reserved_p0)
+        return b.kv_bound_peak + _bound(rec) + b.block_pad <= room
 
     def _project(self, b: BackendState) -> None:
         """Recompute the backend's projected KV peak (core/kv_projection.py) from its
@@ -365,9 +413,7 @@ class Dispatcher:
             if r.info.prefill_only:  # done in its step: its pipeline share, nothing ahead
                 held_ahead.append((float(r.kv_tokens), 0.0))
                 continue
-            done = 0.0
-            if tpot and r.first_token_at is not None:
-                done = min(out, (now - r.first_token_at) / tpot)
+            done = _generated(r, out, tpot, now)
             held_ahead.append((r.prompt_est + done, out - done))
         b.kv_peak = projected_peak(held_ahead)
         b.kv_peak_stale = False
@@ -376,6 +422,23 @@ class Dispatcher:
             b.limiter.on_kv_projection(b.kv_peak / b.inflight_tokens, mean)
         else:
             b.limiter.on_kv_projection(1.0, None)
+
+    def _project_bounds(self, b: BackendState) -> None:
+        """`_project` at the requests' bounds: each holds its block rounding from the start
+        and runs until its max_tokens (the estimate of what it has generated is the same)."""
+        now = self.now
+        tpot = b.limiter.tpot_estimate_s
+        pad = b.block_pad
+        held_ahead = []
+        for r in b.records.values():
+            if r.info.prefill_only:
+                held_ahead.append((r.bound_tokens + pad, 0.0))
+                continue
+            out = bound_output(r.info.max_tokens, r.info.sequences)
+            done = _generated(r, out, tpot, now)
+            held_ahead.append((r.prompt_est + pad + done, out - done))
+        b.kv_bound_peak = projected_peak(held_ahead)
+        b.kv_bound_stale = False
 
     def dispatch_alone(self, rec: RequestRecord, now: float) -> BackendState | None:
         """Place `rec` as `dispatch` would if it were the only request queued (and not
@@ -558,6 +621,23 @@ def _kv_fits(b: BackendState, cost: int, share: float, full_rights: bool) -> boo
         and shared.draw * cost < odds * left
         and b.inflight_tokens + cost <= shared.room_tokens * share
     )
+
+
+def _generated(rec: RequestRecord, out: float, tpot: float | None, now: float) -> float:
+    """The tokens a request has generated, estimated from its first token's time and the
+    backend's TPOT (none before its first token or without a TPOT), at most `out`."""
+    if not tpot or rec.first_token_at is None:
+        return 0.0
+    return min(out, (now - rec.first_token_at) / tpot)
+
+
+def _bound(rec: RequestRecord) -> float:
+    """The most tokens the request can hold in KV (core/bounded_outputs.py), before the
+    engine rounds them up to whole blocks: its charge for a prefill-only one, else its
+    prompt and max_tokens."""
+    if rec.info.prefill_only:
+        return float(rec.kv_tokens)
+    return rec.prompt_est + bound_output(rec.info.max_tokens, rec.info.sequences)
 
 
 def _prefill_fits(b: BackendState, prompt: float) -> bool:

@@ -112,6 +112,10 @@ class BackendSnapshot:
     engine: str | None
     signals: Mapping[str, bool] | None  # each of SIGNALS: whether the engine exports it
     limiter: Mapping[str, object] | None = None  # Limiter.describe() (None: nothing)
+    # The in-flight requests' outputs are bounded (core/bounded_outputs.py) and P0 may go
+    # up to `ceiling` in flight where their bounds fit the cache (the limit otherwise).
+    outputs_bounded: bool = False
+    ceiling: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -126,6 +130,8 @@ class BackendSnapshot:
             "models": list(self.models),
             "engine": self.engine,
             "signals": None if self.signals is None else dict(self.signals),
+            "outputs_bounded": self.outputs_bounded,
+            "ceiling": self.ceiling,
         }
         if self.limiter is not None:  # absent from the JSON rather than null
             out["limiter"] = dict(self.limiter)

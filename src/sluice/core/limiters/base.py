@@ -62,6 +62,13 @@ class Limiter(Protocol):
         """The backend's room while other replicas use it too; None when alone."""
         ...
 
+    @property
+    def latency_limit(self) -> float | None:
+        """The limit the latency control alone allows, before any KV cap (what requests
+        with bounded outputs may fill up to, core/bounded_outputs.py), or None when the
+        algorithm has no latency control of its own."""
+        ...
+
     def on_sample(self, sample: Sample, now: float) -> None: ...
 
     def on_metrics(self, m: BackendMetrics, now: float) -> None: ...
@@ -143,6 +150,10 @@ class LimiterBase(ABC):
 
     @property
     def kv_shared(self) -> SharedRoom | None:
+        return None
+
+    @property
+    def latency_limit(self) -> float | None:
         return None
 
     def on_sample(self, sample: Sample, now: float) -> None:

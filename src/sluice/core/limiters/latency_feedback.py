@@ -243,7 +243,7 @@ class SluiceLimiter(LimiterBase):
 
     @property
     def latency_limit(self) -> float:
-        """The limit before the KV cap (for inspection)."""
+        """The limit before the KV cap (what bounded outputs may fill up to)."""
         return self._limit
 
     @property
