@@ -107,6 +107,8 @@ def test_as_dict_is_the_json_shape_and_from_dict_reads_it_back() -> None:
         "models",
         "engine",
         "signals",
+        "outputs_bounded",
+        "ceiling",
         "limiter",
     ]
     assert d["backends"]["b0"]["models"] == ["a", "m"]  # a list in the JSON
