@@ -95,7 +95,7 @@ import math
 from collections.abc import Sequence
 
 from sluice.core.backend_state import BackendState
-from sluice.core.bounded_outputs import bound_output, low_share, outputs_bounded
+from sluice.core.bounded_outputs import CALM_S, bound_output, low_share, outputs_bounded
 from sluice.core.class_queue import ClassQueue
 from sluice.core.kv_projection import projected_peak
 from sluice.core.prefill_pipeline import kv_charge
@@ -247,7 +247,7 @@ class Dispatcher:
         b.prefill_budget = limiter.prefill_budget_tokens
         b.kv_shared = shared = limiter.kv_shared
         b.tie = b.name if shared is None else b.shuffled
-        self._set_ceilings(b, limiter.latency_limit)
+        self._set_ceilings(b, limiter.latency_limit, limiter.last_cut_at)
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -272,13 +272,17 @@ class Dispatcher:
             self._open_all.pop(name, None)
             self._open_low.pop(name, None)
 
-    def _set_ceilings(self, b: BackendState, latency_limit: float | None) -> None:
+    def _set_ceilings(
+        self, b: BackendState, latency_limit: float | None, last_cut_at: float
+    ) -> None:
         """The in-flight counts below which each class may be placed: the limit and
         cap_low, or, while the outputs in flight are bounded (core/bounded_outputs.py) on
-        a backend of known size this replica has alone, the limiter's latency limit and
-        its cap_low (`place` then checks the bounds' peak for the requests past them)."""
+        a backend of known size this replica has alone and its limiter has not cut for
+        `CALM_S`, the limiter's latency limit and its cap_low (`place` then checks the
+        bounds' peak for the requests past them)."""
         b.bounded = bounded = (
             latency_limit is not None
+            and self.now - last_cut_at >= CALM_S
             and b.kv_shared is None
             and b.kv_capacity is not None
             and b.inflight > 0

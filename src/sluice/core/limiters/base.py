@@ -14,6 +14,7 @@ that had no first token yet (the prefill work it queued behind).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,11 @@ class Limiter(Protocol):
         """The limit the latency control alone allows, before any KV cap (what requests
         with bounded outputs may fill up to, core/bounded_outputs.py), or None when the
         algorithm has no latency control of its own."""
+        ...
+
+    @property
+    def last_cut_at(self) -> float:
+        """When the limiter last cut its limit (-inf: never)."""
         ...
 
     def on_sample(self, sample: Sample, now: float) -> None: ...
@@ -155,6 +161,10 @@ class LimiterBase(ABC):
     @property
     def latency_limit(self) -> float | None:
         return None
+
+    @property
+    def last_cut_at(self) -> float:
+        return -math.inf
 
     def on_sample(self, sample: Sample, now: float) -> None:
         return None

@@ -247,6 +247,10 @@ class SluiceLimiter(LimiterBase):
         return self._limit
 
     @property
+    def last_cut_at(self) -> float:
+        return self._last_cut_at
+
+    @property
     def ttft_base(self) -> float | None:
         """Base normalised TTFT in seconds per token (for inspection)."""
         return self._ttft_base.peek()
