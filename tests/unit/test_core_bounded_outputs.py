@@ -3,6 +3,8 @@ count only where every request's max_tokens, rounded up to whole blocks, fits th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sluice.config import Policy
@@ -17,10 +19,13 @@ from sluice.core.types import BackendMetrics, Outcome, RequestInfo
 class KvCappedLimiter(LimiterBase):
     """A limit held by a KV cap (`limit`) under a looser latency limit, with a budget."""
 
-    def __init__(self, limit: int, budget: float, latency_limit: float | None) -> None:
+    def __init__(
+        self, limit: int, budget: float, latency_limit: float | None, cut_at: float
+    ) -> None:
         self._limit = limit
         self._budget = budget
         self._latency = latency_limit
+        self._cut_at = cut_at
 
     @property
     def limit(self) -> int:
@@ -33,6 +38,10 @@ class KvCappedLimiter(LimiterBase):
     @property
     def latency_limit(self) -> float | None:
         return self._latency
+
+    @property
+    def last_cut_at(self) -> float:
+        return self._cut_at
 
 
 def policy() -> Policy:
@@ -55,21 +64,28 @@ def policy() -> Policy:
 
 
 def gateway(
-    *, blocks: int = 100, block_size: int = 16, limit: int = 3, latency: float | None = 10.0
+    *,
+    blocks: int = 100,
+    block_size: int = 16,
+    limit: int = 3,
+    latency: float | None = 10.0,
+    cut_at: float = -math.inf,
+    now: float = 0.0,
 ) -> Controller:
     """One backend of blocks x block_size KV tokens, its budget 0.8 of them, a limit of 3
-    held by the KV cap under a latency limit of 10; the tenant "t" has had one answer of
-    its whole max_tokens (100), so its requests are expected to run to it."""
-    clock = FakeClock()
+    held by the KV cap under a latency limit of 10 (its last cut at `cut_at`), at `now`;
+    the tenant "t" has had one answer of its whole max_tokens (100), so its requests are
+    expected to run to it."""
+    clock = FakeClock(now)
     budget = 0.8 * blocks * block_size
 
     def factory(
         context: LimiterContext, lp: LimiterSettings, initial: int | None
     ) -> KvCappedLimiter:
-        return KvCappedLimiter(limit, budget, latency)
+        return KvCappedLimiter(limit, budget, latency, cut_at)
 
     c = Controller(policy().core_settings(), clock, ["b0"], limiter_factory=factory)
-    c.on_metrics("b0", BackendMetrics(at=0.0, num_gpu_blocks=blocks, block_size=block_size))
+    c.on_metrics("b0", BackendMetrics(at=now, num_gpu_blocks=blocks, block_size=block_size))
     c.arrive(RequestInfo("warm", "t", 0, "m", 100, 100))
     assert [a.request_id for a in c.step().assignments] == ["warm"]
     c.on_finish("warm", Outcome.OK, 100, 100)
@@ -125,6 +141,12 @@ def test_no_latency_limit_no_count_past_the_limit() -> None:
     # a limiter without a latency control of its own (fixed, gradient): its limit holds
     c = gateway(latency=None)
     assert sent(c, 0, 7) == 3
+
+
+def test_not_within_ten_seconds_of_a_cut() -> None:
+    # a cut says latency holds the batch: the limit and the budget, as without bounds
+    assert sent(gateway(cut_at=100.0, now=109.0), 0, 7) == 3
+    assert sent(gateway(cut_at=100.0, now=110.0), 0, 7) == 5
 
 
 @pytest.mark.parametrize(
