@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from tests.unit.test_core_dispatcher import policy  # tail drop, reserved.p0 0.2
 
-from sluice.config import Policy
 from sluice.core.bounded_outputs import block_pad, low_share, outputs_bounded
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
@@ -44,25 +44,6 @@ class KvCappedLimiter(LimiterBase):
         return self._cut_at
 
 
-def policy() -> Policy:
-    return Policy.model_validate(
-        {
-            "queues": [
-                {
-                    "priority": p,
-                    "name": f"q{p}",
-                    "maxQueueSize": 10_000,
-                    "timeout": "1000s",
-                    "dropPolicy": "tail",
-                }
-                for p in (0, 1, 2)
-            ],
-            "limiter": {"algorithm": "fixed", "fixedLimit": 10},
-            "dispatcher": {"reserved": {"p0": 0.2}},
-        }
-    )
-
-
 def gateway(
     *,
     blocks: int = 100,
@@ -84,7 +65,7 @@ def gateway(
     ) -> KvCappedLimiter:
         return KvCappedLimiter(limit, budget, latency, cut_at)
 
-    c = Controller(policy().core_settings(), clock, ["b0"], limiter_factory=factory)
+    c = Controller(policy(10).core_settings(), clock, ["b0"], limiter_factory=factory)
     c.on_metrics("b0", BackendMetrics(at=now, num_gpu_blocks=blocks, block_size=block_size))
     c.arrive(RequestInfo("warm", "t", 0, "m", 100, 100))
     assert [a.request_id for a in c.step().assignments] == ["warm"]
