@@ -6,34 +6,25 @@ from __future__ import annotations
 import math
 
 import pytest
-from tests.unit.test_core_dispatcher import policy  # tail drop, reserved.p0 0.2
+from tests.unit.test_core_dispatcher import BudgetLimiter, policy  # tail drop, p0 0.2
 
 from sluice.core.bounded_outputs import block_pad, low_share, outputs_bounded
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.limiters import LimiterBase, LimiterContext
+from sluice.core.limiters import LimiterContext
 from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Outcome, RequestInfo
 
 
-class KvCappedLimiter(LimiterBase):
+class KvCappedLimiter(BudgetLimiter):
     """A limit held by a KV cap (`limit`) under a looser latency limit, with a budget."""
 
     def __init__(
         self, limit: int, budget: float, latency_limit: float | None, cut_at: float
     ) -> None:
-        self._limit = limit
-        self._budget = budget
+        super().__init__(limit, budget)
         self._latency = latency_limit
         self._cut_at = cut_at
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @property
-    def kv_budget_tokens(self) -> float | None:
-        return self._budget
 
     @property
     def latency_limit(self) -> float | None:
