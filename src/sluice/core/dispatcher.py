@@ -247,7 +247,7 @@ class Dispatcher:
         b.prefill_budget = limiter.prefill_budget_tokens
         b.kv_shared = shared = limiter.kv_shared
         b.tie = b.name if shared is None else b.shuffled
-        self._set_ceilings(b, limiter.latency_limit, limiter.last_cut_at)
+        self._set_ceilings(b)
         name = b.name
         # Totals over usable backends, kept incrementally so pressure is O(1).
         if b.healthy and not b.removed:
@@ -272,28 +272,30 @@ class Dispatcher:
             self._open_all.pop(name, None)
             self._open_low.pop(name, None)
 
-    def _set_ceilings(
-        self, b: BackendState, latency_limit: float | None, last_cut_at: float
-    ) -> None:
+    def _set_ceilings(self, b: BackendState) -> None:
         """The in-flight counts below which each class may be placed: the limit and
         cap_low, or, while the outputs in flight are bounded (core/bounded_outputs.py) on
         a backend of known size this replica has alone and its limiter has not cut for
         `CALM_S`, the limiter's latency limit and its cap_low (`place` then checks the
         bounds' peak for the requests past them)."""
-        b.bounded = bounded = (
-            latency_limit is not None
-            and self.now - last_cut_at >= CALM_S
+        ceiling = b.limit
+        bounded = (
+            b.inflight > 0
+            and outputs_bounded(b.bound_tokens, b.inflight_tokens)
             and b.kv_shared is None
             and b.kv_capacity is not None
-            and b.inflight > 0
-            and outputs_bounded(b.bound_tokens, b.inflight_tokens)
         )
-        if bounded and latency_limit is not None and latency_limit > b.limit:
-            b.ceiling = int(latency_limit)
-            b.ceiling_low = max(b.cap_low, low_cap(b.ceiling, self.reserved_p0))
-        else:
-            b.ceiling = b.limit
-            b.ceiling_low = b.cap_low
+        if bounded:  # the limiter's figures only then (this runs on every refresh)
+            limiter = b.limiter
+            latency_limit = limiter.latency_limit
+            bounded = latency_limit is not None and self.now - limiter.last_cut_at >= CALM_S
+            if bounded and latency_limit is not None and latency_limit > ceiling:
+                ceiling = int(latency_limit)
+        b.bounded = bounded
+        b.ceiling = ceiling
+        b.ceiling_low = (
+            b.cap_low if ceiling == b.limit else max(b.cap_low, low_cap(ceiling, self.reserved_p0))
+        )
 
     def set_reserved(self, reserved_p0: float) -> None:
         self.reserved_p0 = reserved_p0
