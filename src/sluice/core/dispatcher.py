@@ -280,10 +280,10 @@ class Dispatcher:
         bounds' peak for the requests past them)."""
         ceiling = b.limit
         bounded = (
-            b.inflight > 0
-            and outputs_bounded(b.bound_tokens, b.inflight_tokens)
+            b.kv_capacity is not None
             and b.kv_shared is None
-            and b.kv_capacity is not None
+            and b.inflight > 0
+            and outputs_bounded(b.bound_tokens, b.inflight_tokens)
         )
         if bounded:  # the limiter's figures only then (this runs on every refresh)
             limiter = b.limiter
