@@ -70,8 +70,9 @@ class BackendState:
         self.kv_peak = 0.0
         self.kv_peak_stale = False
         # The same at the requests' bounds (core/bounded_outputs.py: every request at its
-        # max_tokens, its KV rounded up a block) and the sum of their bounds; whether the
-        # in-flight requests' outputs are bounded (their bounds close to their estimates).
+        # max_tokens, its KV rounded up a block), the sum of their bounds (before the
+        # rounding) and whether the in-flight requests' outputs are bounded (that sum
+        # close to their estimates).
         self.kv_bound_peak = 0.0
         self.kv_bound_stale = False
         self.bound_tokens = 0.0

@@ -10,19 +10,18 @@ its CPU backend, `BackendMetrics.block_size`).
 
 When the gateway expects the requests in flight on a backend to run to about their bounds
 (their bounds before block rounding sum to at most `BOUND_SLACK` x their estimated
-footprints: forced-length
-answers, short classifications, `ignore_eos` benchmarks), the margin is room the engine
-could use and that nothing can take: the dispatcher then lets a request go past the
-budget, and past the limit's KV cap in requests up to the limiter's own latency limit,
-when the in-flight requests' projected peak at their bounds plus the new request's bound
-fits the cache (P0) or `low_share` of it (P1/P2). Whatever they generate, they cannot
-preempt, as far as their progress is estimated right (from each one's first token and the
-backend's TPOT: the projection's one estimate; a host that stalls makes it wrong, which
-is why nothing is lifted for `CALM_S` after a cut). Where outputs run far under
-`max_tokens` (most production chat) the bounds are loose and the budget decides as
-before: there the KV cap in requests also holds the batch where the engine's first tokens
-stay fast (the H100 scenarios' P0 fell when it was lifted for them; docs/limiter.md,
-"Bounded outputs").
+footprints: forced-length answers, short classifications, `ignore_eos` benchmarks), the
+margin is room the engine could use and that nothing can take: the dispatcher then lets a
+request go past the budget, and past the limit's KV cap in requests up to the limiter's
+own latency limit, when the in-flight requests' projected peak at their bounds plus the
+new request's bound fits the cache (P0) or `low_share` of it (P1/P2). Whatever they
+generate, they cannot preempt, as far as their progress is estimated right (from each
+one's first token and the backend's TPOT: the projection's one estimate; a host that
+stalls makes it wrong, which is why nothing is lifted for `CALM_S` after a cut). Where
+outputs run far under `max_tokens` (most production chat) the bounds are loose and the
+budget decides as before: there the KV cap in requests also holds the batch where the
+engine's first tokens stay fast (the H100 scenarios' P0 fell when it was lifted for them;
+docs/limiter.md, "Bounded outputs").
 
 Pure: no clock, no I/O.
 """

@@ -288,8 +288,9 @@ class Dispatcher:
         if bounded:  # the limiter's figures only then (this runs on every refresh)
             limiter = b.limiter
             latency_limit = limiter.latency_limit
-            bounded = latency_limit is not None and self.now - limiter.last_cut_at >= CALM_S
-            if bounded and latency_limit is not None and latency_limit > ceiling:
+            if latency_limit is None or self.now - limiter.last_cut_at < CALM_S:
+                bounded = False
+            elif latency_limit > ceiling:
                 ceiling = int(latency_limit)
         b.bounded = bounded
         b.ceiling = ceiling

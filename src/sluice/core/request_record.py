@@ -80,7 +80,8 @@ class RequestRecord:
         # and whether it went as part of such a pipeline.
         self.kv_tokens = kv_charge(cost, info.prefill_only)
         self.pipelined = False
-        # its KV at its max_tokens, rounded up a block of its backend's (set when sent)
+        # the most KV it can hold (prompt + max_tokens), before the engine's block rounding
+        # (set when sent: core/bounded_outputs.py)
         self.bound_tokens = 0.0
         self.quota_tokens = cost  # what the tenant's token quota was charged
         self.quota_outage = 0  # admitted locally while the shared quotas were lost: which loss
