@@ -101,3 +101,34 @@ def test_each_engine_is_read_by_its_adapter_through_the_gateway(sim_factory: Sim
     log = "\n".join(gw.output)
     assert "backend b-llamacpp: engine llamacpp" in log
     assert "backend b-unknown: engine not recognised" in log
+
+
+@pytest.mark.parametrize("engine", ["sglang", "tgi", "llamacpp"])
+def test_a_prompt_larger_than_a_cache_stated_in_tokens_is_refused_at_once(
+    sim_factory: SimFactory, engine: str
+) -> None:
+    # SGLang's max_total_num_tokens, TGI's max_batch_total_tokens and llama.cpp's slots'
+    # n_ctx hold the prompt as vLLM's blocks do: tiny holds 4,096 tokens
+    sim = sim_factory("--profile", "tiny", "--speed", "4", "--engine", engine)
+    policy = yaml.safe_load(Path(EXAMPLE_POLICY).read_text())
+    policy["backends"] = [{"name": "b0", "url": sim.url}]
+    gw = start_gateway([], yaml.safe_dump(policy))
+    try:
+        deadline = time.monotonic() + 20
+        while not _state(gw.url)["controller"]["backends"]["b0"]["signals"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        headers = {"Authorization": "Bearer sk-demo-p1"}
+        url = gw.url + "/v1/completions"
+        huge = {"model": "sluice-sim", "prompt": [7] * 5000, "max_tokens": 4}
+        r = httpx.post(url, json=huge, headers=headers, timeout=30)
+        assert r.status_code == 400 and "retry-after" not in r.headers, r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        rejected = gw.metrics()
+        labels = 'code="context_length_exceeded",priority="1",route="completions"'
+        key = "sluice_rejections_total{" + labels + "}"
+        assert rejected.get(key) == 1, {k: v for k, v in rejected.items() if "reject" in k}
+        fits = {"model": "sluice-sim", "prompt": [7] * 200, "max_tokens": 4}
+        assert httpx.post(url, json=fits, headers=headers, timeout=30).status_code == 200
+    finally:
+        gw.stop()

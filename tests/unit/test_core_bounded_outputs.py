@@ -43,6 +43,7 @@ def gateway(
     latency: float | None = 10.0,
     cut_at: float = -math.inf,
     now: float = 0.0,
+    metrics: BackendMetrics | None = None,
 ) -> Controller:
     """One backend of blocks x block_size KV tokens, its budget 0.8 of them, a limit of 3
     held by the KV cap under a latency limit of 10 (its last cut at `cut_at`), at `now`;
@@ -57,7 +58,8 @@ def gateway(
         return KvCappedLimiter(limit, budget, latency, cut_at)
 
     c = Controller(policy(10).core_settings(), clock, ["b0"], limiter_factory=factory)
-    c.on_metrics("b0", BackendMetrics(at=now, num_gpu_blocks=blocks, block_size=block_size))
+    scrape = metrics or BackendMetrics(at=now, num_gpu_blocks=blocks, block_size=block_size)
+    c.on_metrics("b0", scrape)
     c.arrive(RequestInfo("warm", "t", 0, "m", 100, 100))
     assert [a.request_id for a in c.step().assignments] == ["warm"]
     c.on_finish("warm", Outcome.OK, 100, 100)
@@ -134,3 +136,12 @@ def test_block_pad_and_low_share() -> None:
     assert block_pad(128) == 127.0
     assert low_share(0.2) == pytest.approx(0.75)
     assert low_share(0.9) == 0.0
+
+
+def test_a_cache_stated_in_tokens_fills_as_one_stated_in_blocks() -> None:
+    # SGLang, TGI and llama.cpp state their cache in tokens (no block size: 16 assumed)
+    tokens = BackendMetrics(at=0.0, kv_capacity_tokens=1600.0)
+    assert sent(gateway(metrics=tokens), 0, 7) == 5
+    # an estimate (SGLang 0.4's used / usage) keeps the budget and the limit
+    estimate = BackendMetrics(at=0.0, kv_capacity_tokens=1600.0, kv_capacity_estimated=True)
+    assert sent(gateway(metrics=estimate), 0, 7) == 3

@@ -27,7 +27,9 @@ class Budgeted(LimiterBase):
         return BUDGET
 
 
-def controller(scraped: bool = True) -> tuple[Controller, FakeClock]:
+def controller(
+    scraped: bool = True, metrics: BackendMetrics | None = None
+) -> tuple[Controller, FakeClock]:
     policy = Policy.model_validate(
         {
             "queues": [
@@ -48,7 +50,7 @@ def controller(scraped: bool = True) -> tuple[Controller, FakeClock]:
     clock = FakeClock()
     c = Controller(policy.core_settings(), clock, ["b0"], limiter_factory=factory)
     if scraped:
-        c.on_metrics("b0", BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16))
+        c.on_metrics("b0", metrics or BackendMetrics(at=0.0, num_gpu_blocks=100, block_size=16))
     return c, clock
 
 
@@ -63,6 +65,20 @@ def test_a_prompt_larger_than_every_kv_cache_is_refused_at_arrival() -> None:
     assert c.snapshot().classes["P1"].rejected == {"context_length_exceeded": 1}
     # one that fits the cache (if not the budget) is queued as usual
     assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).admitted
+
+
+def test_a_cache_stated_in_tokens_refuses_as_one_stated_in_blocks() -> None:
+    # SGLang's max_total_num_tokens, TGI's max_batch_total_tokens, llama.cpp's slots' n_ctx
+    c, _ = controller(metrics=BackendMetrics(at=0.0, kv_capacity_tokens=CAPACITY))
+    assert c.arrive(req("huge", 1, "a", prompt=CAPACITY + 1)).code is RejectCode.TOO_LARGE
+    assert c.arrive(req("fits", 1, "a", prompt=CAPACITY - 100)).admitted
+
+
+def test_an_estimated_kv_cache_refuses_nothing() -> None:
+    # SGLang 0.4's used / usage, off by up to 5 % (its usage is rounded to 2 decimals)
+    estimate = BackendMetrics(at=0.0, kv_capacity_tokens=CAPACITY, kv_capacity_estimated=True)
+    c, _ = controller(metrics=estimate)
+    assert c.arrive(req("huge", 1, "a", prompt=CAPACITY + 1)).admitted
 
 
 def test_an_unknown_kv_cache_refuses_nothing() -> None:

@@ -60,17 +60,32 @@ def test_vllm_v0() -> None:
 def test_sglang_0_4_derives_capacity_from_used_over_usage() -> None:
     m = read("sglang", {"/metrics": "sglang-0.4.4.txt"})
     assert (m.running, m.waiting, m.kv_usage) == (12.0, 3.0, 0.25)
-    assert m.kv_capacity == pytest.approx(104857 / 0.25)
+    assert m.kv_capacity == pytest.approx(104857 / 0.25) and m.kv_capacity_estimated
     assert m.preemptions_total is None
     assert m.ttft_p95_s == pytest.approx(0.1 + 0.1 * 45 / 50)
     assert m.tpot_p95_s == pytest.approx(0.02 + 0.02 * 0.95)
     assert missing(m) == {"preemptions"}
 
 
+def test_sglang_0_4_capacity_from_the_fullest_pool_seen() -> None:
+    # token_usage is rounded to 2 decimals: below 0.1 the ratio is too rough to take; then
+    # the figure from the highest usage stays (its rounding error is the smallest)
+    a = adapter("sglang")
+
+    def capacity(used: int, usage: float) -> float | None:
+        text = f"sglang:num_used_tokens {used}\nsglang:token_usage {usage}\n"
+        return a.read({"/metrics": text}, at=0.0).kv_capacity
+
+    assert capacity(96, 0.09) is None
+    assert capacity(3000, 0.3) == pytest.approx(10000.0)
+    assert capacity(2040, 0.2) == pytest.approx(10000.0)  # not 10,200
+    assert capacity(6100, 0.6) == pytest.approx(6100 / 0.6)
+
+
 def test_sglang_0_5_10_capacity_gauge_and_retraction_counter() -> None:
     m = read("sglang", {"/metrics": "sglang-0.5.10.txt"})
     assert (m.running, m.waiting, m.kv_usage) == (57.0, 0.0, 0.71)
-    assert m.kv_capacity == 424320.0
+    assert m.kv_capacity == 424320.0 and not m.kv_capacity_estimated
     assert m.preemptions_total == 48.0  # the counter, not the last batch's gauge
     assert m.ttft_p95_s == pytest.approx(0.75)
     assert m.tpot_p95_s == pytest.approx(0.029)

@@ -340,8 +340,9 @@ class Controller:
         b.last_metrics = m
         b.metrics_fresh = True
         b.scraped = True
-        if m.num_gpu_blocks and m.block_size:
-            b.kv_capacity = float(m.num_gpu_blocks * m.block_size)
+        capacity = m.kv_capacity  # in blocks (vLLM, TensorRT-LLM) or in tokens (the rest)
+        if capacity and not m.kv_capacity_estimated:
+            b.kv_capacity = capacity
         if m.block_size:
             b.block_pad = block_pad(m.block_size)
         if m.running is not None:

@@ -142,6 +142,10 @@ class BackendMetrics:
     # KV capacity in tokens when the engine states it otherwise than as blocks x block size
     # (SGLang's max_total_num_tokens, llama.cpp's context, TGI's max_batch_total_tokens).
     kv_capacity_tokens: float | None = None
+    # The capacity is derived from rounded figures (SGLang 0.4's used tokens over a usage
+    # rounded to 2 decimals): good enough for the KV budget's fraction, not for refusing a
+    # request as larger than the cache or for filling the cache to its last token.
+    kv_capacity_estimated: bool = False
     # Requests the engine accepts at once before it refuses more (TGI's
     # max_concurrent_requests): the limit never goes above it.
     max_concurrency: int | None = None

@@ -10,7 +10,11 @@ gauges `sglang:page_size` x `sglang:num_pages` (0.5.11 on), the labels of
 `sglang:cache_config_info{page_size,num_pages}` (0.5.x before 0.5.11, as the Gateway API
 Inference Extension's model-server protocol table reads it), else derived as
 `sglang:num_used_tokens / sglang:token_usage` while the pool is in use (0.4.x, which has
-neither). Preemptions are "retractions": the counter
+neither). The scheduler rounds `token_usage` to 2 decimals (`scheduler.py`,
+`log_prefill_stats` / `log_decode_stats`: `round(num_used / self.max_total_num_tokens, 2)`),
+so the derivation is off by up to 0.005 / usage: it waits for a usage of 0.1 (5 %), keeps
+the figure from the fullest pool seen, and is flagged an estimate (the budget's fraction
+absorbs it; a request is never refused against it). Preemptions are "retractions": the counter
 `sglang:num_retracted_requests_total` (0.5.x), else the gauge `sglang:num_retracted_reqs`
 (the last batch's retractions), turned here into a counter that rises with every scrape
 that shows retractions."""
@@ -33,6 +37,9 @@ NUM_PAGES = "sglang:num_pages"
 RETRACTED_TOTAL = "sglang:num_retracted_requests"
 RETRACTED_NOW = "sglang:num_retracted_reqs"
 CACHE_INFO = "sglang:cache_config_info"
+# The usage (rounded to 2 decimals by SGLang) from which used / usage is taken as the
+# capacity: within 5 % there.
+MIN_DERIVING_USAGE = 0.1
 TTFT = ("sglang:time_to_first_token_seconds",)
 TPOT = ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
 
@@ -49,13 +56,18 @@ class SglangAdapter(EngineAdapter):
         )
         self._ttft = WindowedP95()
         self._tpot = WindowedP95()
-        self._capacity: float | None = None  # derived from used / usage (kept: static)
+        # derived from used / usage (kept: static), and the usage it was derived at
+        self._capacity: float | None = None
+        self._capacity_usage = 0.0
         self._retractions = 0.0  # a counter made from the gauge, when there is no counter
 
     def read(self, pages: Mapping[str, str], at: float) -> BackendMetrics:
         page = self._scan.scan(pages["/metrics"])
         v = page.values
-        capacity = self._kv_capacity(page)
+        capacity = self._stated_capacity(page)
+        estimated = capacity is None
+        if estimated:
+            capacity = self._derive_capacity(page)
         preemptions = v.get(RETRACTED_TOTAL)
         if preemptions is None and RETRACTED_NOW in v:
             self._retractions += max(0.0, v[RETRACTED_NOW])
@@ -71,11 +83,12 @@ class SglangAdapter(EngineAdapter):
             kv_usage=v.get(USAGE),
             preemptions_total=preemptions,
             kv_capacity_tokens=capacity,
+            kv_capacity_estimated=estimated and capacity is not None,
             ttft_p95_s=ttft,
             tpot_p95_s=tpot,
         )
 
-    def _kv_capacity(self, page: Page) -> float | None:
+    def _stated_capacity(self, page: Page) -> float | None:
         v = page.values
         if v.get(MAX_TOKENS):
             return v[MAX_TOKENS]
@@ -85,7 +98,11 @@ class SglangAdapter(EngineAdapter):
         size, count = int_or_none(info.get("page_size")), int_or_none(info.get("num_pages"))
         if size and count:
             return float(size * count)
-        usage, used = v.get(USAGE), v.get(USED)
-        if usage and used and usage >= 0.01:  # too little in use gives a poor ratio
-            self._capacity = used / usage
+        return None
+
+    def _derive_capacity(self, page: Page) -> float | None:
+        """used / usage, from the fullest pool seen (the least rounding error)."""
+        usage, used = page.values.get(USAGE), page.values.get(USED)
+        if usage and used and usage >= MIN_DERIVING_USAGE and usage > self._capacity_usage:
+            self._capacity, self._capacity_usage = used / usage, usage
         return self._capacity
