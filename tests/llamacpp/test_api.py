@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import SLOTS, LlamaServer, wait_idle
+from conftest import CTX, SLOTS, LlamaServer, wait_idle
 from gateway_proc import start_gateway
 
 pytestmark = pytest.mark.integration
@@ -93,5 +93,13 @@ def test_the_gateway_reads_llamacpp_through_its_adapter(llama: LlamaServer) -> N
         m = gw.metrics()
         key = 'sluice_backend_signal{backend="backend-0",signal="waiting"}'
         assert m[key] == 1.0, sorted(k for k in m if "signal" in k)
+        # a prompt larger than the slots' whole context is the gateway's to refuse, at once
+        huge = {"model": llama.model, "prompt": [1] * (CTX + 1), "max_tokens": 4}
+        headers = {"Authorization": "Bearer sk-demo-p1"}
+        r = httpx.post(gw.url + "/v1/completions", json=huge, headers=headers, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        m = gw.metrics()
+        labels = 'code="context_length_exceeded",priority="1",route="completions"'
+        assert m["sluice_rejections_total{" + labels + "}"] == 1.0
     finally:
         gw.stop()
