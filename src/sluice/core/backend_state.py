@@ -25,6 +25,7 @@ class BackendState:
         "congestion",
         "counted_inflight",
         "counted_limit",
+        "cut_seen",
         "early_head",
         "healthy",
         "inflight",
@@ -44,6 +45,7 @@ class BackendState:
         "metrics_fresh",
         "models",
         "name",
+        "p0_refill",
         "pipelined",
         "pipelined_tokens",
         "prefill_budget",
@@ -92,6 +94,10 @@ class BackendState:
         # cap_low, or past them while the outputs are bounded (the dispatcher's rule).
         self.ceiling = self.limit
         self.ceiling_low = -1
+        # Where the limit fell below the in-flight count: the count P0 may refill to (0:
+        # none, core/p0_refill.py), and the limiter's last cut the dispatcher has seen.
+        self.p0_refill = 0
+        self.cut_seen = limiter.last_cut_at
         self.kv_budget: float | None = limiter.kv_budget_tokens
         # other replicas use the backend too: its room as the last scrape showed it
         self.kv_shared: SharedRoom | None = limiter.kv_shared

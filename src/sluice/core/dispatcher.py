@@ -19,6 +19,10 @@ Rules (docs/overload.md):
     the limit (cap_low for P1/P2) up to the limiter's latency limit, and past the KV
     budget, when the in-flight requests' projected peak at their bounds (max_tokens,
     rounded up a block) plus its own fits the cache (P0) or `low_share` of it (P1/P2).
+  * P0 through a fall of the limit (core/p0_refill.py): where a backend's limit falls
+    below its in-flight count for the KV cache's sake (its KV cap, or a `kv` cut), P0
+    may still refill what ends there, up to the count the fall found, until the count is
+    within the limit or the limiter cuts for latency; P1/P2 wait for the new limit.
   * A return (a P1/P2 request back in its booked slot, return_slots.py) leaves the
     lower classes' last slot too, where P0 has a reserve: it is placed only while a
     backend has fewer than return_cap = max(1, cap_low - 1) in flight (cap_low with no
@@ -98,6 +102,7 @@ from sluice.core.backend_state import BackendState
 from sluice.core.bounded_outputs import CALM_S, bound_output, low_share, outputs_bounded
 from sluice.core.class_queue import ClassQueue
 from sluice.core.kv_projection import projected_peak
+from sluice.core.p0_refill import refill_to
 from sluice.core.prefill_pipeline import kv_charge
 from sluice.core.request_record import RequestRecord
 
@@ -240,12 +245,22 @@ class Dispatcher:
         """Re-read the limiter and update the free-slot sets."""
         limiter = b.limiter
         limit = limiter.limit
-        if limit != b.limit or b.cap_low < 0:
+        limit_before = b.limit
+        if limit != limit_before or b.cap_low < 0:
             b.limit = limit
             b.cap_low = low_cap(limit, self.reserved_p0)
         b.kv_budget = limiter.kv_budget_tokens
         b.prefill_budget = limiter.prefill_budget_tokens
         b.kv_shared = shared = limiter.kv_shared
+        cut_at = limiter.last_cut_at
+        cut_reason = None
+        if cut_at != b.cut_seen:
+            b.cut_seen = cut_at
+            cut_reason = limiter.last_cut_reason
+        if shared is None:
+            b.p0_refill = refill_to(b.p0_refill, b.inflight, limit_before, limit, cut_reason)
+        else:
+            b.p0_refill = 0
         b.tie = b.name if shared is None else b.shuffled
         self._set_ceilings(b)
         name = b.name
@@ -293,10 +308,14 @@ class Dispatcher:
             elif latency_limit > ceiling:
                 ceiling = int(latency_limit)
         b.bounded = bounded
-        b.ceiling = ceiling
         b.ceiling_low = (
             b.cap_low if ceiling == b.limit else max(b.cap_low, low_cap(ceiling, self.reserved_p0))
         )
+        if b.inflight <= ceiling:
+            b.p0_refill = 0  # within the limit again: the fall has taken effect
+        elif b.p0_refill > ceiling:
+            ceiling = b.p0_refill
+        b.ceiling = ceiling
 
     def set_reserved(self, reserved_p0: float) -> None:
         self.reserved_p0 = reserved_p0
@@ -382,7 +401,7 @@ class Dispatcher:
                 continue  # shared, and its room unknown until our first scrape of it
             if b.kv_peak_stale and b.kv_shared is None and b.kv_budget is not None:
                 self._project(b)  # only a lone backend's budget counts the projection
-            past = b.inflight >= (b.limit if full_rights else b.cap_low)
+            past = b.inflight >= (max(b.limit, b.p0_refill) if full_rights else b.cap_low)
             if (
                 past or not _kv_fits(b, kv_charge(rec.cost, _pipelines(rec, b)), share, full_rights)
             ) and not self._bound_fits(b, rec, full_rights):

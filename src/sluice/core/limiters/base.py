@@ -24,6 +24,10 @@ from sluice.core.kv_budget import SharedRoom
 from sluice.core.settings import LimiterSettings, Objective
 from sluice.core.types import BackendMetrics, Sample
 
+# The reason of a cut on the KV cache's usage (`Limiter.last_cut_reason`): a cut about
+# memory, not latency (core/p0_refill.py tells them apart).
+KV_CUT = "kv"
+
 
 @dataclass(frozen=True, slots=True)
 class LimiterContext:
@@ -73,6 +77,11 @@ class Limiter(Protocol):
     @property
     def last_cut_at(self) -> float:
         """When the limiter last cut its limit (-inf: never)."""
+        ...
+
+    @property
+    def last_cut_reason(self) -> str:
+        """Why it last cut (`KV_CUT`: the cache's usage; "": never, or no reason told)."""
         ...
 
     def on_sample(self, sample: Sample, now: float) -> None: ...
@@ -165,6 +174,10 @@ class LimiterBase(ABC):
     @property
     def last_cut_at(self) -> float:
         return -math.inf
+
+    @property
+    def last_cut_reason(self) -> str:
+        return ""
 
     def on_sample(self, sample: Sample, now: float) -> None:
         return None

@@ -79,7 +79,7 @@ from typing import Any, Self
 
 from sluice.core.ewma import Ewma
 from sluice.core.kv_budget import KvBudget, SharedRoom
-from sluice.core.limiters.base import LimiterBase, LimiterContext
+from sluice.core.limiters.base import KV_CUT, LimiterBase, LimiterContext
 from sluice.core.limiters.windowed_min import WindowedMin
 from sluice.core.settings import LimiterSettings
 from sluice.core.types import BackendMetrics, Sample
@@ -208,7 +208,7 @@ class SluiceLimiter(LimiterBase):
         self._preemptions_seen: float | None = None
         self._engine_cap: int | None = None  # requests the engine accepts at once
         self.cuts = 0  # how many times the limit was cut (for tests and the snapshot)
-        self.last_cut_reason = ""
+        self._last_cut_reason = ""
         self.cut_reasons: dict[str, int] = {}
 
     # -- what the controller reads ---------------------------------------------------
@@ -251,6 +251,10 @@ class SluiceLimiter(LimiterBase):
     @property
     def last_cut_at(self) -> float:
         return self._last_cut_at
+
+    @property
+    def last_cut_reason(self) -> str:
+        return self._last_cut_reason
 
     @property
     def ttft_base(self) -> float | None:
@@ -432,7 +436,7 @@ class SluiceLimiter(LimiterBase):
         if waiting and self._waiting_before:
             reason = "waiting"
         elif m.kv_usage is not None and m.kv_usage >= self.kv_high:
-            reason = "kv"
+            reason = KV_CUT
         elif (
             m.waiting is None
             and m.running is not None
@@ -477,7 +481,7 @@ class SluiceLimiter(LimiterBase):
         self._last_cut_at = now
         self._slow_start = False
         self.cuts += 1
-        self.last_cut_reason = reason
+        self._last_cut_reason = reason
         self.cut_reasons[reason] = self.cut_reasons.get(reason, 0) + 1
         self._recompute()
 
