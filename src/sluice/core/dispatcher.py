@@ -253,14 +253,15 @@ class Dispatcher:
         b.prefill_budget = limiter.prefill_budget_tokens
         b.kv_shared = shared = limiter.kv_shared
         cut_at = limiter.last_cut_at
-        cut_reason = None
         if cut_at != b.cut_seen:
             b.cut_seen = cut_at
-            cut_reason = limiter.last_cut_reason
-        if shared is None:
-            b.p0_refill = refill_to(b.p0_refill, b.inflight, limit_before, limit, cut_reason)
-        else:
-            b.p0_refill = 0
+            b.p0_refill = refill_to(
+                b.p0_refill, b.inflight, limit_before, limit, limiter.last_cut_reason
+            )
+        elif limit < limit_before:
+            b.p0_refill = refill_to(b.p0_refill, b.inflight, limit_before, limit, None)
+        if shared is not None:
+            b.p0_refill = 0  # left to the replicas' claims
         b.tie = b.name if shared is None else b.shuffled
         self._set_ceilings(b)
         name = b.name
@@ -311,10 +312,12 @@ class Dispatcher:
         b.ceiling_low = (
             b.cap_low if ceiling == b.limit else max(b.cap_low, low_cap(ceiling, self.reserved_p0))
         )
-        if b.inflight <= ceiling:
-            b.p0_refill = 0  # within the limit again: the fall has taken effect
-        elif b.p0_refill > ceiling:
-            ceiling = b.p0_refill
+        refill = b.p0_refill
+        if refill:
+            if b.inflight <= ceiling:
+                b.p0_refill = 0  # within the limit again: the fall has taken effect
+            elif refill > ceiling:
+                ceiling = refill
         b.ceiling = ceiling
 
     def set_reserved(self, reserved_p0: float) -> None:
