@@ -113,7 +113,9 @@ class BackendSnapshot:
     signals: Mapping[str, bool] | None  # each of SIGNALS: whether the engine exports it
     limiter: Mapping[str, object] | None = None  # Limiter.describe() (None: nothing)
     # The in-flight requests' outputs are bounded (core/bounded_outputs.py) and P0 may go
-    # up to `ceiling` in flight where their bounds fit the cache (the limit otherwise).
+    # up to `ceiling` in flight where their bounds fit the cache; or, after a fall of the
+    # limit for the cache's sake, P0 refills up to `ceiling` (core/p0_refill.py); the limit
+    # otherwise.
     outputs_bounded: bool = False
     ceiling: int | None = None
 
