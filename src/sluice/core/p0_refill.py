@@ -3,9 +3,10 @@
 When a backend's limit falls below its in-flight count, nothing is placed there until
 enough requests have ended. Where the fall is about the KV cache (the KV cap on the count,
 budget / footprint, falls as longer requests are admitted or dispatched; or a `kv` cut at a
-usage of 0.9), that wait is the one P0 cannot afford: on the real `burst`, with a tiny
-engine's few slots ending about 4 times a second, every P0 miss (2-3 of 76) was a request
-held 0.85-0.93 s behind a limit 3-5 below the count in flight, then served in 0.2 s.
+usage of 0.9), that wait is the one P0 cannot afford: on a tiny engine whose few slots end
+about 4 times a second (`burst --real-size` seed 1, virtual time) each of P0's 3 misses in
+76 was a request held 0.85-0.93 s behind a `kv` cut from 18 to 13 with 16 in flight, then
+served in 0.2 s; on the real burst P0 queued while the KV cap held the limit 3-6 below.
 
 So P0 (and what has P0's rights: an aged P1 turn) may still be placed while the backend
 runs fewer than the count the fall found: it replaces a request that ended, one for one,
