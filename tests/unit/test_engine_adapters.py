@@ -59,7 +59,7 @@ def test_vllm_v0() -> None:
 
 def test_sglang_0_4_derives_capacity_from_used_over_usage() -> None:
     m = read("sglang", {"/metrics": "sglang-0.4.4.txt"})
-    assert (m.running, m.waiting, m.kv_usage) == (12.0, 3.0, 0.25)
+    assert (m.running, m.waiting, m.kv_usage) == (12.0, 3.0, 0.25) and m.block_size is None
     assert m.kv_capacity == pytest.approx(104857 / 0.25) and m.kv_capacity_estimated
     assert m.preemptions_total is None
     assert m.ttft_p95_s == pytest.approx(0.1 + 0.1 * 45 / 50)
@@ -86,6 +86,7 @@ def test_sglang_0_5_10_capacity_gauge_and_retraction_counter() -> None:
     m = read("sglang", {"/metrics": "sglang-0.5.10.txt"})
     assert (m.running, m.waiting, m.kv_usage) == (57.0, 0.0, 0.71)
     assert m.kv_capacity == 424320.0 and not m.kv_capacity_estimated
+    assert m.block_size == 16  # cache_config_info's page_size: a request rounds up a page
     assert m.preemptions_total == 48.0  # the counter, not the last batch's gauge
     assert m.ttft_p95_s == pytest.approx(0.75)
     assert m.tpot_p95_s == pytest.approx(0.029)
@@ -95,7 +96,7 @@ def test_sglang_0_5_10_capacity_gauge_and_retraction_counter() -> None:
 def test_sglang_0_5_11_page_gauges() -> None:
     m = read("sglang", {"/metrics": "sglang-0.5.11.txt"})
     assert (m.running, m.waiting, m.kv_usage, m.preemptions_total) == (9.0, 6.0, 0.97, 3.0)
-    assert m.kv_capacity == 64 * 1024
+    assert m.kv_capacity == 64 * 1024 and m.block_size == 64
     assert missing(m) == {"ttft_p95", "tpot_p95"}
 
 

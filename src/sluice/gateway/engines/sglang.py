@@ -10,11 +10,13 @@ gauges `sglang:page_size` x `sglang:num_pages` (0.5.11 on), the labels of
 `sglang:cache_config_info{page_size,num_pages}` (0.5.x before 0.5.11, as the Gateway API
 Inference Extension's model-server protocol table reads it), else derived as
 `sglang:num_used_tokens / sglang:token_usage` while the pool is in use (0.4.x, which has
-neither). The scheduler rounds `token_usage` to 2 decimals (`scheduler.py`,
-`log_prefill_stats` / `log_decode_stats`: `round(num_used / self.max_total_num_tokens, 2)`),
-so the derivation is off by up to 0.005 / usage: it waits for a usage of 0.1 (5 %), keeps
-the figure from the fullest pool seen, and is flagged an estimate (the budget's fraction
-absorbs it; a request is never refused against it). Preemptions are "retractions": the counter
+neither). The page size (the gauge, or the label) is handed on as the block size: the
+pool allocates whole pages, so a request's KV rounds up to one. The scheduler rounds
+`token_usage` to 2 decimals (`scheduler.py`, `log_prefill_stats` / `log_decode_stats`:
+`round(num_used / self.max_total_num_tokens, 2)`), so the derivation is off by up to
+0.005 / usage: it waits for a usage of 0.1 (5 %), keeps the figure from the fullest pool
+seen, and is flagged an estimate (the budget's fraction absorbs it; a request is never
+refused against it). Preemptions are "retractions": the counter
 `sglang:num_retracted_requests_total` (0.5.x), else the gauge `sglang:num_retracted_reqs`
 (the last batch's retractions), turned here into a counter that rises with every scrape
 that shows retractions."""
@@ -64,7 +66,8 @@ class SglangAdapter(EngineAdapter):
     def read(self, pages: Mapping[str, str], at: float) -> BackendMetrics:
         page = self._scan.scan(pages["/metrics"])
         v = page.values
-        capacity = self._stated_capacity(page)
+        page_size = _page_size(page)
+        capacity = _stated_capacity(page, page_size)
         estimated = capacity is None
         if estimated:
             capacity = self._derive_capacity(page)
@@ -84,21 +87,10 @@ class SglangAdapter(EngineAdapter):
             preemptions_total=preemptions,
             kv_capacity_tokens=capacity,
             kv_capacity_estimated=estimated and capacity is not None,
+            block_size=page_size,
             ttft_p95_s=ttft,
             tpot_p95_s=tpot,
         )
-
-    def _stated_capacity(self, page: Page) -> float | None:
-        v = page.values
-        if v.get(MAX_TOKENS):
-            return v[MAX_TOKENS]
-        if v.get(PAGE_SIZE) and v.get(NUM_PAGES):
-            return v[PAGE_SIZE] * v[NUM_PAGES]
-        info = page.infos.get(CACHE_INFO, {})
-        size, count = int_or_none(info.get("page_size")), int_or_none(info.get("num_pages"))
-        if size and count:
-            return float(size * count)
-        return None
 
     def _derive_capacity(self, page: Page) -> float | None:
         """used / usage, from the fullest pool seen (the least rounding error)."""
@@ -106,3 +98,22 @@ class SglangAdapter(EngineAdapter):
         if usage and used and usage >= MIN_DERIVING_USAGE and usage > self._capacity_usage:
             self._capacity, self._capacity_usage = used / usage, usage
         return self._capacity
+
+
+def _stated_capacity(page: Page, page_size: int | None) -> float | None:
+    v = page.values
+    if v.get(MAX_TOKENS):
+        return v[MAX_TOKENS]
+    count = v.get(NUM_PAGES) or int_or_none(page.infos.get(CACHE_INFO, {}).get("num_pages"))
+    if page_size and count:
+        return float(page_size * count)
+    return None
+
+
+def _page_size(page: Page) -> int | None:
+    """Tokens per page of the KV pool (the engine allocates whole pages, as vLLM's
+    blocks: what bounded outputs round each request up by), where SGLang says."""
+    size = page.values.get(PAGE_SIZE) or int_or_none(
+        page.infos.get(CACHE_INFO, {}).get("page_size")
+    )
+    return int(size) if size and size > 0 else None
