@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.config import Policy
+from sluice.core.backend_state import BackendState
 from sluice.core.clock import FakeClock
 from sluice.core.controller import Controller
-from sluice.core.dispatcher import low_cap
+from sluice.core.dispatcher import low_cap, low_kv_share
+from sluice.core.kv_budget import SharedRoom
 from sluice.core.limiters import LimiterBase, LimiterContext
 from sluice.core.request_record import RequestState
 from sluice.core.settings import LimiterSettings
@@ -206,6 +208,32 @@ class BudgetLimiter(LimiterBase):
     @property
     def kv_budget_tokens(self) -> float | None:
         return self._budget
+
+
+def test_p1_fills_nine_tenths_of_a_lone_backends_kv_budget() -> None:
+    # reserved.p0 0.2: P1/P2 keep 0.8 of the slots but 0.9 of a lone backend's KV budget
+    # (half the reserve in KV): 600 + 250 = 850 tokens of a budget of 1,000 go, + 60 not
+    clock = FakeClock()
+
+    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> BudgetLimiter:
+        return BudgetLimiter(10, 1000.0)
+
+    c = Controller(
+        policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"], limiter_factory=factory
+    )
+    c.arrive(req("a", 0, prompt=550))  # footprint 550 + 50 = 600
+    assert ids(c.step().assignments) == ["a"]
+    c.arrive(req("p1", 1, prompt=200))  # 250: 850 <= 900 (not <= 800)
+    assert ids(c.step().assignments) == ["p1"]
+    c.arrive(req("p1-b", 1, prompt=10))  # 60: 910 > 900
+    assert c.step().assignments == []
+
+
+def test_a_shared_backend_keeps_the_whole_reserve_in_kv() -> None:
+    b = BackendState("b0", BudgetLimiter(10, 1000.0))
+    assert low_kv_share(b, 0.2) == 0.9
+    b.kv_shared = SharedRoom(draw=0.5, room_tokens=1000.0, full_tokens=1000.0)
+    assert low_kv_share(b, 0.2) == 0.8
 
 
 def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:

@@ -118,6 +118,24 @@ def low_cap(limit: int, reserved_p0: float) -> int:
     return max(1, math.floor(limit * (1.0 - reserved_p0) + 1e-9))
 
 
+# The part of P0's reserve kept in a lone backend's KV budget: P1/P2 may fill
+# 1 - KV_RESERVE_PART x reserved.p0 of it (0.9 at the default 0.2). The budget has its
+# own margin (0.8 of the cache) and P0 its slots (cap_low) and its refill after a fall
+# (core/p0_refill.py); with the whole reserve in KV too (0.64 of the cache for P1/P2) the
+# KV share, not the count, held P1/P2 on a small engine's burst (of 2,406 backends that
+# turned a P1/P2 request down in `burst --real-size` seed 1's burst, 2,284 were past the
+# KV share), and the engine ran at 83 % of its sweet spot (docs/bench.md, "Half the
+# reserve in KV"). Shared backends keep the whole reserve: their claims are parts of it.
+KV_RESERVE_PART = 0.5
+
+
+def low_kv_share(b: BackendState, reserved_p0: float) -> float:
+    """The part of the backend's KV budget P1/P2 may fill."""
+    if b.kv_shared is None:
+        return 1.0 - KV_RESERVE_PART * reserved_p0
+    return 1.0 - reserved_p0
+
+
 def return_cap(limit: int, cap_low: int) -> int:
     """In-flight requests below which a P1/P2 return may be placed (module docstring)."""
     return cap_low if cap_low >= limit else max(1, cap_low - 1)
@@ -214,7 +232,6 @@ class Dispatcher:
     def _needs_empty(self, rec: RequestRecord, full_rights: bool) -> bool:
         """Too large for the KV budget of every healthy backend serving its model: it
         fits only a backend with nothing in flight."""
-        share = 1.0 if full_rights else 1.0 - self.reserved_p0
         model = rec.model
         found = False
         for b in self.backends.values():
@@ -222,6 +239,7 @@ class Dispatcher:
                 continue
             shared = b.kv_shared
             budget = b.kv_budget if shared is None else shared.full_tokens
+            share = 1.0 if full_rights else low_kv_share(b, self.reserved_p0)
             if budget is None or rec.kv_tokens <= budget * share:  # (its least)
                 return False
             found = True
@@ -392,7 +410,6 @@ class Dispatcher:
         if rec.pinned is not None:  # it must run where its stored state is
             b = cands.get(rec.pinned)
             cands = {} if b is None else {b.name: b}
-        share = 1.0 if full_rights else 1.0 - self.reserved_p0
         a_return = rec.returning and not full_rights
         best: BackendState | None = None
         for b in cands.values():
@@ -405,6 +422,7 @@ class Dispatcher:
             if b.kv_peak_stale and b.kv_shared is None and b.kv_budget is not None:
                 self._project(b)  # only a lone backend's budget counts the projection
             past = b.inflight >= (max(b.limit, b.p0_refill) if full_rights else b.cap_low)
+            share = 1.0 if full_rights else low_kv_share(b, self.reserved_p0)
             if (
                 past or not _kv_fits(b, kv_charge(rec.cost, _pipelines(rec, b)), share, full_rights)
             ) and not self._bound_fits(b, rec, full_rights):
