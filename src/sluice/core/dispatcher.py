@@ -11,7 +11,8 @@ Rules (docs/overload.md):
     prefill shares the steps that decode and prefill the others' first tokens.
   * Reserved P0 slots: P1 and P2 may fill a backend only up to
     cap_low = max(1, floor(limit * (1 - reserved.p0))) requests in flight, and only up to
-    (1 - reserved.p0) of its KV budget; P0 may use the whole limit and budget. What the
+    low_kv_share of its KV budget (1 - reserved.p0 / 2 alone on it, 1 - reserved.p0
+    shared); P0 may use the whole limit and budget. What the
     budget is compared with, alone on a backend, is the in-flight requests' projected
     joint peak (core/kv_projection.py, `_project`) plus the new request's footprint.
   * Bounded outputs (core/bounded_outputs.py): while the requests in flight on a backend
