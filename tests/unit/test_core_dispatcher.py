@@ -210,17 +210,20 @@ class BudgetLimiter(LimiterBase):
         return self._budget
 
 
-def test_p1_fills_nine_tenths_of_a_lone_backends_kv_budget() -> None:
-    # reserved.p0 0.2: P1/P2 keep 0.8 of the slots but 0.9 of a lone backend's KV budget
-    # (half the reserve in KV): 600 + 250 = 850 tokens of a budget of 1,000 go, + 60 not
-    clock = FakeClock()
+def budgeted() -> Controller:
+    """One backend at a limit of 10 with a KV budget of 1,000 tokens, reserved.p0 0.2."""
 
     def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> BudgetLimiter:
         return BudgetLimiter(10, 1000.0)
 
-    c = Controller(
-        policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"], limiter_factory=factory
-    )
+    settings = policy(limit=10, reserved=0.2).core_settings()
+    return Controller(settings, FakeClock(), ["b0"], limiter_factory=factory)
+
+
+def test_p1_fills_nine_tenths_of_a_lone_backends_kv_budget() -> None:
+    # reserved.p0 0.2: P1/P2 keep 0.8 of the slots but 0.9 of a lone backend's KV budget
+    # (half the reserve in KV): 600 + 250 = 850 tokens of a budget of 1,000 go, + 60 not
+    c = budgeted()
     c.arrive(req("a", 0, prompt=550))  # footprint 550 + 50 = 600
     assert ids(c.step().assignments) == ["a"]
     c.arrive(req("p1", 1, prompt=200))  # 250: 850 <= 900 (not <= 800)
@@ -237,19 +240,12 @@ def test_a_shared_backend_keeps_the_whole_reserve_in_kv() -> None:
 
 
 def test_kv_budget_holds_requests_that_would_overfill_a_backend() -> None:
-    clock = FakeClock()
-
-    def factory(context: LimiterContext, lp: LimiterSettings, initial: int | None) -> BudgetLimiter:
-        return BudgetLimiter(10, 1000.0)
-
-    c = Controller(
-        policy(limit=10, reserved=0.2).core_settings(), clock, ["b0"], limiter_factory=factory
-    )
+    c = budgeted()
     c.arrive(req("a", 0, prompt=550))  # footprint 550 + 50 = 600
     c.arrive(req("b", 0, prompt=550))
     assert ids(c.step().assignments) == ["a"]  # 600 + 600 > 1000
-    c.arrive(req("p1", 1, prompt=150))  # 200 tokens: 800 > 0.8 * 1000 for P1
-    assert c.step().assignments == []  # and P0's blocked "b" comes first anyway
+    c.arrive(req("p1", 1, prompt=150))  # 200 tokens: 800 <= 0.9 * 1000 for P1, but
+    assert c.step().assignments == []  # P0's blocked "b" comes first
     c.on_finish("a", Outcome.OK, 550, 50)
     # an empty backend takes any request whatever its budget
     c.cancel("b")
