@@ -125,7 +125,7 @@ def low_cap(limit: int, reserved_p0: float) -> int:
 # (core/p0_refill.py); with the whole reserve in KV too (0.64 of the cache for P1/P2) the
 # KV share, not the count, held P1/P2 on a small engine's burst (of 2,406 backends that
 # turned a P1/P2 request down in `burst --real-size` seed 1's burst, 2,284 were past the
-# KV share), and the engine ran at 83 % of its sweet spot (docs/bench.md, "Half the
+# KV share), and the engine ran at 83 % of its sweet spot (docs/bench.md, "Half of P0's
 # reserve in KV"). Shared backends keep the whole reserve: their claims are parts of it.
 KV_RESERVE_PART = 0.5
 
